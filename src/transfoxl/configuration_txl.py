@@ -1,0 +1,285 @@
+"""Configuration of Transformer-XL (Dai et al., 2019, https://arxiv.org/abs/1901.02860) for transformers v5.
+
+`TxlConfig` keeps the hyper-parameter names of the paper and of the original code (`d_model`, `n_layer`, `mem_len`,
+...) and answers to the standard transformers names too (`hidden_size`, `num_hidden_layers`, ...) through
+`attribute_map`. The defaults are those of transformers v4's `TransfoXLConfig` (the WikiText-103 large model), because
+v4 wrote `config.json` files without the values equal to its defaults: reading those files right needs the same
+defaults. The one exception is `d_embed`, which follows `d_model` when not given (v4: 1024 whatever `d_model` was);
+the legacy class `TransfoXLConfig` keeps v4's 1024.
+
+`TransfoXLConfig` (model_type `"transfo-xl"`) reads the `config.json` of any transformers-v4 Transfo-XL checkpoint
+unchanged, old key names and ignored keys included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+MEMORY_INIT_CHOICES = ("empty", "zeros")
+INIT_CHOICES = ("normal", "uniform")
+
+
+class TxlConfig(PreTrainedConfig):
+    r"""
+    Configuration of a Transformer-XL model ([`TxlModel`], [`TxlForCausalLM`], [`TxlForSequenceClassification`]).
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 267735):
+            Number of tokens in the vocabulary. Old name: `n_token`.
+        cutoffs (`list[int]`, *optional*, defaults to `[20000, 40000, 200000]`):
+            Boundaries of the frequency clusters of the adaptive input embedding and adaptive softmax: token ids below
+            `cutoffs[0]` form the head, `[cutoffs[i], cutoffs[i+1])` the tail clusters. `[]` means one full softmax.
+        d_model (`int`, *optional*, defaults to 1024):
+            Width of the hidden states (alias `hidden_size`).
+        d_embed (`int`, *optional*):
+            Width of the head cluster's embeddings, projected to `d_model`. Defaults to `d_model`.
+        n_head (`int`, *optional*, defaults to 16):
+            Number of attention heads (alias `num_attention_heads`).
+        d_head (`int`, *optional*, defaults to 64):
+            Width of one head (alias `head_dim`). `n_head * d_head` need not equal `d_model`.
+        d_inner (`int`, *optional*, defaults to 4096):
+            Width of the feed-forward layer (alias `intermediate_size`).
+        div_val (`int`, *optional*, defaults to 4):
+            Cluster `i` of the adaptive embedding has width `d_embed // div_val**i`; 1 gives one embedding table.
+        pre_lnorm (`bool`, *optional*, defaults to `False`):
+            Layer norm before each sub-layer (pre-LN) instead of after the residual sum (post-LN, the paper's).
+        n_layer (`int`, *optional*, defaults to 18):
+            Number of layers (alias `num_hidden_layers`).
+        mem_len (`int`, *optional*, defaults to 1600):
+            Number of cached hidden states kept per layer as memory. 0 disables the memory.
+        clamp_len (`int`, *optional*, defaults to 1000):
+            Relative distances above `clamp_len` use the encoding of `clamp_len`; 0 or less disables clamping.
+        same_length (`bool`, *optional*, defaults to `True`):
+            Every query attends to the same number of positions (the paper's evaluation setting).
+        tie_projs (`list[bool]`, *optional*):
+            Per cluster, whether the adaptive softmax shares the input embedding's projection. Derived from
+            `proj_share_all_but_first` when not given.
+        proj_share_all_but_first (`bool`, *optional*, defaults to `True`):
+            v4's way of setting `tie_projs`: `[False] + [True] * len(cutoffs)` (or all `False`). Only read when
+            `tie_projs` is not given; not stored.
+        untie_r (`bool`, *optional*, defaults to `True`):
+            Whether each layer has its own biases u and v (`content_bias`, `position_bias`) or all layers share one
+            pair.
+        dropout (`float`, *optional*, defaults to 0.1):
+            Dropout on embeddings, positional encodings, sub-layer outputs and the last hidden state.
+        dropatt (`float`, *optional*, defaults to 0.0):
+            Dropout on attention probabilities (alias `attention_dropout`).
+        init (`str`, *optional*, defaults to `"normal"`):
+            `"normal"` (std `init_std`) or `"uniform"` (in `[-init_range, init_range]`) for weight matrices.
+        init_range (`float`, *optional*, defaults to 0.01):
+            Range of the uniform initialisation.
+        init_std (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal initialisation (alias `initializer_range`).
+        proj_init_std (`float`, *optional*, defaults to 0.01):
+            Standard deviation of the adaptive embedding and softmax projections.
+        layer_norm_epsilon (`float`, *optional*, defaults to 1e-5):
+            Epsilon of the layer norms (alias `layer_norm_eps`).
+        memory_init (`str`, *optional*, defaults to `"empty"`):
+            How a stream's memory starts. `"empty"`: no memory at all, as in the original code. `"zeros"`: `mem_len`
+            zero vectors that the first segment attends to, as transformers v4 did; use it to reproduce v4 outputs.
+        tgt_len (`int`, *optional*):
+            Segment length the model was trained with (informative; scripts use it as their default).
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Whether forward returns the updated memory as `past_key_values`.
+        eos_token_id (`int`, *optional*, defaults to 0), pad_token_id (`int`, *optional*), bos_token_id (`int`, *optional*):
+            Special token ids.
+        tie_word_embeddings (`bool`, *optional*):
+            Whether the adaptive softmax's output layers share the input embedding tables. Defaults to v4's
+            `tie_weight` when a legacy config has it, else `True`.
+
+    Legacy keys that are read and checked but have no effect: `attn_type` (only 0, the paper's relative attention,
+    exists; any other value is refused), `sample_softmax` (values > 0 are refused), `adaptive`, `ext_len`, `tie_weight`
+    (mapped to `tie_word_embeddings`).
+    """
+
+    model_type = "txl"
+    attribute_map = {
+        "n_token": "vocab_size",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "n_layer",
+        "num_attention_heads": "n_head",
+        "head_dim": "d_head",
+        "intermediate_size": "d_inner",
+        "initializer_range": "init_std",
+        "layer_norm_eps": "layer_norm_epsilon",
+        "attention_dropout": "dropatt",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 267735,
+        cutoffs: list[int] | tuple[int, ...] | None = (20000, 40000, 200000),
+        d_model: int = 1024,
+        d_embed: int | None = None,
+        n_head: int = 16,
+        d_head: int = 64,
+        d_inner: int = 4096,
+        div_val: int = 4,
+        pre_lnorm: bool = False,
+        n_layer: int = 18,
+        mem_len: int = 1600,
+        clamp_len: int = 1000,
+        same_length: bool = True,
+        tie_projs: list[bool] | None = None,
+        proj_share_all_but_first: bool = True,
+        untie_r: bool = True,
+        dropout: float = 0.1,
+        dropatt: float = 0.0,
+        init: str = "normal",
+        init_range: float = 0.01,
+        init_std: float = 0.02,
+        proj_init_std: float = 0.01,
+        layer_norm_epsilon: float = 1e-5,
+        memory_init: str = "empty",
+        tgt_len: int | None = None,
+        use_cache: bool = True,
+        eos_token_id: int | None = 0,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        tie_word_embeddings: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        legacy_options = _pop_legacy_options(kwargs)
+        if tie_word_embeddings is None:
+            tie_word_embeddings = legacy_options["tie_weight"]
+
+        self.vocab_size = vocab_size
+        self.cutoffs = list(cutoffs) if cutoffs is not None else []
+        self.d_model = d_model
+        self.d_embed = d_embed
+        self.n_head = n_head
+        self.d_head = d_head
+        self.d_inner = d_inner
+        self.div_val = div_val
+        self.pre_lnorm = pre_lnorm
+        self.n_layer = n_layer
+        self.mem_len = mem_len
+        self.clamp_len = clamp_len
+        self.same_length = same_length
+        self.tie_projs = list(tie_projs) if tie_projs is not None else None
+        self.untie_r = untie_r
+        self.dropout = dropout
+        self.dropatt = dropatt
+        self.init = init
+        self.init_range = init_range
+        self.init_std = init_std
+        self.proj_init_std = proj_init_std
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.memory_init = memory_init
+        self.tgt_len = tgt_len
+        self.use_cache = use_cache
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.tie_word_embeddings = True if tie_word_embeddings is None else bool(tie_word_embeddings)
+        # The base class sets the remaining kwargs, standard aliases included (`hidden_size=` lands in `d_model`),
+        # so derived values and checks come after it.
+        super().__init__(**kwargs)
+
+        self.cutoffs = [int(cutoff) for cutoff in self.cutoffs]
+        if self.d_embed is None:
+            self.d_embed = self.d_model
+        if self.tie_projs is None:
+            self.tie_projs = [False] + [bool(proj_share_all_but_first)] * len(self.cutoffs)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every hyper-parameter; raise a `ValueError` naming the field, the value and what was expected."""
+        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TxlConfig: `{name}` must be an integer >= 1, got {value!r}.")
+        for name in ("mem_len", "tgt_len"):
+            value = getattr(self, name)
+            if value is None and name == "tgt_len":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"TxlConfig: `{name}` must be a non-negative integer, got {value!r}.")
+        if not isinstance(self.clamp_len, int) or isinstance(self.clamp_len, bool):
+            raise ValueError(f"TxlConfig: `clamp_len` must be an integer (0 or less: no clamping), got {self.clamp_len!r}.")
+
+        cutoffs = self.cutoffs
+        if any(later <= earlier for earlier, later in zip(cutoffs, cutoffs[1:])):
+            raise ValueError(f"TxlConfig: `cutoffs` must be strictly increasing, got {cutoffs}.")
+        if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocab_size):
+            raise ValueError(
+                f"TxlConfig: `cutoffs` must lie strictly between 0 and vocab_size={self.vocab_size}, got {cutoffs}."
+            )
+        smallest_width = self.d_embed // self.div_val ** len(cutoffs) if self.div_val > 1 else self.d_embed
+        if smallest_width < 1:
+            raise ValueError(
+                f"TxlConfig: d_embed={self.d_embed} with div_val={self.div_val} gives the last of {len(cutoffs) + 1} "
+                "clusters an embedding of width 0; lower `div_val` or raise `d_embed`."
+            )
+        if len(self.tie_projs) != len(cutoffs) + 1:
+            raise ValueError(
+                f"TxlConfig: `tie_projs` needs one entry per cluster (len(cutoffs) + 1 = {len(cutoffs) + 1}), "
+                f"got {self.tie_projs}."
+            )
+        for name in ("dropout", "dropatt"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"TxlConfig: `{name}` must be a probability in [0, 1), got {value!r}.")
+        if self.memory_init not in MEMORY_INIT_CHOICES:
+            raise ValueError(f"TxlConfig: `memory_init` must be one of {MEMORY_INIT_CHOICES}, got {self.memory_init!r}.")
+        if self.init not in INIT_CHOICES:
+            raise ValueError(f"TxlConfig: `init` must be one of {INIT_CHOICES}, got {self.init!r}.")
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"TxlConfig: `layer_norm_epsilon` must be > 0, got {self.layer_norm_epsilon!r}.")
+        for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
+                raise ValueError(
+                    f"TxlConfig: `{name}` must be None or a token id in [0, {self.vocab_size}), got {value!r}."
+                )
+
+    @property
+    def cluster_bounds(self) -> list[int]:
+        """`[0, *cutoffs, vocab_size]`: cluster `i` holds the token ids in `[bounds[i], bounds[i + 1])`."""
+        return [0, *self.cutoffs, self.vocab_size]
+
+    def cluster_width(self, cluster: int) -> int:
+        """Embedding width of cluster `cluster` of the adaptive embedding and softmax."""
+        return self.d_embed // (self.div_val**cluster)
+
+
+def _pop_legacy_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Remove the v4 / original-code keys that have no field here from `kwargs`, refusing unsupported values."""
+    attn_type = kwargs.pop("attn_type", 0)
+    if attn_type != 0:
+        raise ValueError(
+            f"TxlConfig: attn_type={attn_type!r} is not supported. Only attn_type=0, the relative positional "
+            "attention of the paper, is implemented (as in every released Transformer-XL checkpoint); types 1-3 of "
+            "the original code (Shaw et al., absolute, Al-Rfou et al.) are not."
+        )
+    sample_softmax = kwargs.pop("sample_softmax", -1)
+    if sample_softmax is not None and sample_softmax > 0:
+        raise ValueError(
+            f"TxlConfig: sample_softmax={sample_softmax!r} is not supported. Sampled softmax was a training-time "
+            "option of the original code that no released checkpoint uses; set it to -1 (the adaptive softmax)."
+        )
+    ext_len = kwargs.pop("ext_len", 0)
+    if ext_len:
+        logger.warning(f"TxlConfig: ext_len={ext_len} is ignored (transformers v4 ignored it too).")
+    # `adaptive` was always on in v4 whatever its value; `cutoffs=[]` is the plain softmax.
+    kwargs.pop("adaptive", None)
+    return {"tie_weight": kwargs.pop("tie_weight", None)}
+
+
+class TransfoXLConfig(TxlConfig):
+    """`TxlConfig` for the `config.json` of transformers-v4 checkpoints (`"model_type": "transfo-xl"`).
+
+    It only differs from `TxlConfig` by its model type and by `d_embed`, which defaults to 1024 as in v4 (v4 did not
+    write default values to `config.json`). Models loaded with it keep v4's parameter names when saved again; convert a
+    legacy checkpoint to the `txl` format with `TxlConfig.from_dict(legacy_config.to_dict())` and `save_pretrained`.
+    """
+
+    model_type = "transfo-xl"
+
+    def __init__(self, d_embed: int | None = 1024, **kwargs: Any) -> None:
+        super().__init__(d_embed=d_embed, **kwargs)

@@ -1,0 +1,1042 @@
+"""Transformer-XL (Dai et al., 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context",
+https://arxiv.org/abs/1901.02860) for transformers v5.
+
+Segment recurrence: each layer attends to its own input for the current segment *and* to a memory of the inputs it
+saw for earlier segments (at most `mem_len` positions, detached: no gradient flows into the past). Positions are
+relative: a query at distance `d` from a key scores it with a sinusoid `R_d` projected by `W_{k,R}`, plus two learned
+biases, u (content) and v (position). The memory travels between calls as `past_key_values`, a `TxlMemory`.
+
+Shape legend, used in every comment of this file:
+    B  batch                    Q  query (segment) length     M  memory length      K = M + Q  key length
+    H  attention heads          D  head width (d_head)        E  hidden width (d_model)
+    V  vocabulary size          N  number of flattened tokens (B * Q)
+
+Paper objects and their names here (original code / transformers v4 names in brackets):
+    u, v (Sec. 3.3)                        -> content_bias, position_bias          [r_w_bias, r_r_bias]
+    R (sinusoid of relative distances)     -> sinusoid_positions(...)              [pos_emb]
+    W_{k,R}                                -> TxlRelativeAttention.pos_proj        [r_net]
+    W_q, W_{k,E}, W_v (fused)              -> TxlRelativeAttention.qkv_proj        [qkv_net]
+    terms (a) + (c) / (b) + (d) of Eq. 3   -> content_score / position_score       [AC / BD]
+    the shift of App. B                    -> relative_shift(...)                  [_rel_shift]
+    adaptive input / adaptive softmax      -> TxlAdaptiveEmbedding / TxlAdaptiveLogSoftmax   [word_emb / crit]
+
+This file is self-contained (it imports only torch, transformers and `configuration_txl`), so `save_pretrained` can
+copy it into a model folder for `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+from transformers.utils import logging
+
+try:  # inside a model folder loaded with trust_remote_code: the files sit side by side in one package
+    from .configuration_txl import TransfoXLConfig, TxlConfig
+except ImportError:  # imported as a top-level module
+    from configuration_txl import TransfoXLConfig, TxlConfig
+
+logger = logging.get_logger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Memory
+
+
+class TxlMemoryLayer(CacheLayerMixin):
+    """The memory of one layer: the last `mem_len` hidden states that entered the layer, `[B, M, E]`, detached."""
+
+    is_compileable = False
+    is_croppable = False  # states that fell off the front of the memory cannot be brought back
+    is_sliding = False
+
+    def __init__(self, mem_len: int) -> None:
+        super().__init__()
+        self.mem_len = mem_len
+        self.hidden: torch.Tensor | None = None  # [B, M, E]; None while the memory is empty
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | None:
+        """Append `hidden_states` `[B, Q, E]` (this layer's input for a segment); keep the last `mem_len` positions."""
+        if not self.is_initialized:
+            self.lazy_initialization(hidden_states)
+        if self.mem_len == 0:  # note x[:, -0:] would keep everything
+            self.hidden = None
+            return None
+        hidden_states = hidden_states.detach()
+        if self.hidden is not None:
+            hidden_states = torch.cat([self.hidden.to(hidden_states.dtype), hidden_states], dim=1)  # [B, M + Q, E]
+        self.hidden = hidden_states[:, -self.mem_len :]
+        return self.hidden
+
+    def get_seq_length(self) -> int:
+        return 0 if self.hidden is None else self.hidden.shape[1]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.mem_len
+
+    def reset(self) -> None:
+        """Forget everything: the next segment starts a new stream."""
+        self.hidden = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.hidden is not None:
+            self.hidden = self.hidden.index_select(0, beam_idx.to(self.hidden.device))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.hidden is not None:
+            self.hidden = self.hidden.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.hidden is not None:
+            self.hidden = self.hidden[indices]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove != 0:
+            raise ValueError(
+                "TxlMemory cannot be cropped: the memory keeps only the last mem_len hidden states, so the states "
+                "that a rollback would need are gone. Assisted decoding and other rollbacks are not supported."
+            )
+
+    def offload(self) -> None:
+        if self.hidden is not None:
+            self.hidden = self.hidden.to("cpu", non_blocking=True)
+
+    def prefetch(self) -> None:
+        if self.hidden is not None and self.hidden.device != self.device:
+            self.hidden = self.hidden.to(self.device, non_blocking=True)
+
+    @property
+    def batch_size(self) -> int:
+        return -1 if self.hidden is None else self.hidden.shape[0]
+
+
+class TxlMemory(Cache):
+    """Transformer-XL memory, passed to the model as `past_key_values` and returned in its output.
+
+    Contract:
+    - It stores, per layer, the hidden states that *entered* that layer during the latest `mem_len` positions of the
+      stream: `memory.layers[i].hidden` is `[B, M, E]` with `M <= mem_len` (or `None` while empty). It does not store
+      keys or values: every forward projects the memory again with the layer's current weights, as in the paper.
+    - Everything it holds is detached: gradients never flow into earlier segments (truncated back-propagation).
+    - A forward with `use_cache=True` updates it in place and returns the same object: after a segment of Q tokens
+      the memory holds the last `min(M + Q, mem_len)` positions. Old states fall off the front and cannot be
+      restored, so `crop` refuses to remove anything.
+    - An empty memory (`M = 0`) starts a new stream; `reset()` empties it.
+
+    `TxlMemory.from_legacy(mems)` and `to_legacy()` convert to and from transformers v4's `mems`
+    (a list of `[M, B, E]` tensors, one per layer).
+    """
+
+    def __init__(self, num_layers: int, mem_len: int) -> None:
+        if num_layers < 1 or mem_len < 0:
+            raise ValueError(f"TxlMemory needs num_layers >= 1 and mem_len >= 0, got {num_layers} and {mem_len}.")
+        super().__init__(layers=[TxlMemoryLayer(mem_len) for _ in range(num_layers)])
+        self.mem_len = mem_len
+
+    @classmethod
+    def from_config(cls, config: TxlConfig) -> TxlMemory:
+        return cls(num_layers=config.n_layer, mem_len=config.mem_len)
+
+    @classmethod
+    def from_legacy(cls, mems: Sequence[torch.Tensor], mem_len: int | None = None) -> TxlMemory:
+        """Build a memory from v4's `mems`: one `[M, B, E]` tensor per layer (sequence first)."""
+        if not mems:
+            raise ValueError("TxlMemory.from_legacy: `mems` is empty; pass one [M, B, E] tensor per layer.")
+        lengths = {mem.shape[0] for mem in mems}
+        if len(lengths) != 1 or any(mem.dim() != 3 for mem in mems):
+            raise ValueError(f"TxlMemory.from_legacy: every layer needs a [M, B, E] tensor of one M, got {lengths}.")
+        memory = cls(num_layers=len(mems), mem_len=lengths.pop() if mem_len is None else mem_len)
+        for layer, mem in zip(memory.layers, mems):
+            layer.update(mem.transpose(0, 1))  # [B, M, E]
+        return memory
+
+    def to_legacy(self) -> list[torch.Tensor] | None:
+        """v4's `mems`: one `[M, B, E]` tensor per layer, or `None` while the memory is empty."""
+        if self.get_seq_length() == 0:
+            return None
+        return [layer.hidden.transpose(0, 1).contiguous() for layer in self.layers]
+
+    def get_memory(self, layer_idx: int) -> torch.Tensor | None:
+        """The memory entering layer `layer_idx`, `[B, M, E]`, or `None` while empty."""
+        return self.layers[layer_idx].hidden
+
+    def update_memory(self, layer_inputs: Sequence[torch.Tensor]) -> None:
+        """Append one segment: `layer_inputs[i]` `[B, Q, E]` is what entered layer i."""
+        if len(layer_inputs) != len(self.layers):
+            raise ValueError(f"TxlMemory has {len(self.layers)} layers, got inputs for {len(layer_inputs)}.")
+        for layer, hidden_states in zip(self.layers, layer_inputs):
+            layer.update(hidden_states)
+
+    @property
+    def batch_size(self) -> int:
+        return self.layers[0].batch_size
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Positions, masks and the relative shift: built once per forward by the model, shared by every layer
+
+
+def sinusoid_positions(
+    k_len: int, d_model: int, *, clamp_len: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The paper's R for the distances `K-1, K-2, ..., 0` (row r holds distance K-1-r): `[K, E]`.
+
+    Distances above `clamp_len` (when > 0) reuse the encoding of `clamp_len`.
+    """
+    distances = torch.arange(k_len - 1, -1, -1.0, device=device, dtype=dtype)  # [K]
+    if clamp_len > 0:
+        distances = distances.clamp(max=clamp_len)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=dtype) / d_model))  # [E/2]
+    angles = torch.outer(distances, inv_freq)  # [K, E/2]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # [K, E]
+
+
+def relative_shift(scores: torch.Tensor) -> torch.Tensor:
+    """Re-index `[..., Q, K]` scores from "column r is distance K-1-r" to "column j is key position j" (App. B).
+
+    Query i sits at stream position M + i, so it must score key j with distance M + i - j, which is column
+    r = K-1-(M+i-j) = j + (Q-1-i) of the input: each row shifts left by Q-1-i. Padding one zero column in front and
+    viewing the buffer with rows of length Q does exactly that. Entries above the diagonal j > M + i receive
+    unrelated values; the causal mask hides them.
+    """
+    *batch_dims, q_len, k_len = scores.shape
+    padded = F.pad(scores, (1, 0))  # [..., Q, K+1]
+    padded = padded.view(*batch_dims, k_len + 1, q_len)  # same buffer, rows of length Q
+    return padded[..., 1:, :].reshape(*batch_dims, q_len, k_len)
+
+
+def causal_memory_mask(
+    q_len: int, mem_len_now: int, *, same_length: bool, max_mem_len: int, device: torch.device
+) -> torch.Tensor:
+    """`[Q, K]` bool mask, True where query i must not see key j.
+
+    Query i (stream position M + i) sees the memory and the current segment up to itself (j <= M + i). With
+    `same_length`, every query sees the same number of keys as the last one: keys further back than that are hidden
+    too (the rule of the original code, which measures the window with the configured `max_mem_len`).
+    """
+    k_len = mem_len_now + q_len
+    ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    future = torch.triu(ones, diagonal=1 + mem_len_now)
+    if not same_length:
+        return future
+    excess = k_len - max_mem_len
+    shift = q_len - excess if excess > 0 else q_len
+    return future | torch.tril(ones, diagonal=-shift)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Attention: one readable eager function and one fused SDPA function, selected by config._attn_implementation
+
+
+def eager_relative_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scaling: float,
+    dropout: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relative multi-head attention, Eq. 3 of the paper, term by term.
+
+    query `[B, H, Q, D]`; key, value `[B, H, K, D]`; rel_key `[H, K, D]` (W_{k,R} R, row r = distance K-1-r);
+    content_bias, position_bias `[H, D]` (u, v); mask `[Q, K]` or `[B, 1, Q, K]` bool, True = hidden.
+    Returns the output `[B, H, Q, D]` and the attention probabilities `[B, H, Q, K]`.
+    """
+    content_score = (query + content_bias[:, None]) @ key.transpose(-1, -2)  # (a) + (c): [B, H, Q, K]
+    position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # (b) + (d)
+    scores = (content_score + position_score) * scaling
+    scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    attn_weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=dropout > 0)
+    return attn_weights @ value, attn_weights  # [B, H, Q, D], [B, H, Q, K]
+
+
+def sdpa_relative_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scaling: float,
+    dropout: float,
+) -> tuple[torch.Tensor, None]:
+    """Same contract as `eager_relative_attention`, with softmax, dropout and the product with values fused.
+
+    SDPA adds a float mask to its scaled q.k, so the positional term goes in, pre-scaled, as that mask. This fuses
+    the rest but does not remove the `[B, H, Q, K]` positional tensor: memory stays O(Q K) per head.
+    """
+    position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # [B, H, Q, K]
+    attn_bias = (position_score * scaling).masked_fill(mask, torch.finfo(position_score.dtype).min)
+    attn_output = F.scaled_dot_product_attention(
+        query + content_bias[:, None], key, value, attn_mask=attn_bias, dropout_p=dropout, scale=scaling
+    )
+    return attn_output, None
+
+
+RELATIVE_ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "eager": eager_relative_attention,
+    "sdpa": sdpa_relative_attention,
+}
+
+
+class TxlRelativeAttention(nn.Module):
+    """Multi-head attention over `[memory; segment]` with relative positions, plus its residual and layer norm."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.n_head, self.d_head = config.n_head, config.d_head
+        inner = config.n_head * config.d_head
+        # Rows of the fused weight: [0, inner) query, [inner, 2 inner) key, [2 inner, 3 inner) value (the original's).
+        self.qkv_proj = nn.Linear(config.d_model, 3 * inner, bias=False)
+        self.pos_proj = nn.Linear(config.d_model, inner, bias=False)  # W_{k,R}
+        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout)
+        self.scaling = config.d_head**-0.5
+        if config.untie_r:  # else the model owns one shared pair and passes it in
+            self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
+            self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        memory: torch.Tensor | None,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        content_bias: torch.Tensor,
+        position_bias: torch.Tensor,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states `[B, Q, E]`, memory `[B, M, E]` or None, positions `[K, E]`, mask `[Q, K]` or `[B, 1, Q, K]`.
+
+        Returns the new hidden states `[B, Q, E]` and, with `output_attentions`, the probabilities `[B, H, Q, K]`.
+        """
+        batch, q_len, _ = hidden_states.shape
+        context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)  # [B, K, E]
+        k_len = context.shape[1]
+        if self.config.pre_lnorm:
+            context = self.layer_norm(context)
+
+        # Queries only for the segment: projecting the memory's queries (as the original does) is wasted work.
+        inner = self.n_head * self.d_head
+        query_weight, key_value_weight = self.qkv_proj.weight.split([inner, 2 * inner])
+        query = F.linear(context[:, -q_len:], query_weight).view(batch, q_len, self.n_head, self.d_head)
+        key, value = F.linear(context, key_value_weight).view(batch, k_len, 2 * self.n_head, self.d_head).chunk(2, 2)
+        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, H, Q|K, D]
+        rel_key = self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)  # [H, K, D]
+
+        implementation = getattr(self.config, "_attn_implementation", None) or "eager"
+        if output_attentions or implementation not in RELATIVE_ATTENTION_FUNCTIONS:
+            implementation = "eager"  # only eager returns the probabilities
+        attn_output, attn_weights = RELATIVE_ATTENTION_FUNCTIONS[implementation](
+            query,
+            key,
+            value,
+            rel_key,
+            content_bias,
+            position_bias,
+            mask,
+            scaling=self.scaling,
+            dropout=self.config.dropatt if self.training else 0.0,
+        )
+        attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
+        attn_output = self.dropout(self.o_proj(attn_output))  # [B, Q, E]
+        if self.config.pre_lnorm:
+            return hidden_states + attn_output, attn_weights
+        return self.layer_norm(hidden_states + attn_output), attn_weights
+
+
+class TxlFeedForward(nn.Module):
+    """Position-wise feed-forward sub-layer with its residual and layer norm (pre- or post-LN)."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.pre_lnorm = config.pre_lnorm
+        self.up_proj = nn.Linear(config.d_model, config.d_inner)
+        self.down_proj = nn.Linear(config.d_inner, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`[B, Q, E]` -> `[B, Q, E]`."""
+        inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
+        output = self.dropout(self.down_proj(self.dropout(F.relu(self.up_proj(inputs)))))
+        if self.pre_lnorm:
+            return hidden_states + output
+        return self.layer_norm(hidden_states + output)
+
+
+class TxlLayer(GradientCheckpointingLayer):
+    """One Transformer-XL layer: relative attention over `[memory; segment]`, then the feed-forward sub-layer."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.attention = TxlRelativeAttention(config)
+        self.ffn = TxlFeedForward(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        memory: torch.Tensor | None,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        content_bias: torch.Tensor,
+        position_bias: torch.Tensor,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden_states, attn_weights = self.attention(
+            hidden_states, memory, positions, mask, content_bias, position_bias, output_attentions
+        )
+        return self.ffn(hidden_states), attn_weights
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Adaptive input embedding and adaptive softmax (Baevski & Auli, 2019; Grave et al., 2017)
+
+
+class TxlAdaptiveEmbedding(nn.Module):
+    """Token ids `[B, Q]` -> embeddings `[B, Q, E]`, scaled by sqrt(E).
+
+    Cluster i (token ids in `[bounds[i], bounds[i+1])`) has a table of width `d_embed // div_val**i`, projected to E.
+    With `div_val == 1` there is one table for the whole vocabulary, projected only when `d_embed != d_model`.
+    """
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.d_model = config.d_model
+        self.scale = config.d_model**0.5
+        self.bounds = config.cluster_bounds
+        self.embeddings = nn.ModuleList()
+        self.projections = nn.ParameterList()  # [E, d_i] each
+        if config.div_val == 1:
+            self.embeddings.append(nn.Embedding(config.vocab_size, config.d_embed))
+            if config.d_embed != config.d_model:
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
+        else:
+            for cluster in range(len(self.bounds) - 1):
+                width = config.cluster_width(cluster)
+                self.embeddings.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if len(self.embeddings) == 1:
+            embeddings = self.embeddings[0](input_ids)  # [B, Q, d_embed]
+            if len(self.projections) > 0:
+                embeddings = F.linear(embeddings, self.projections[0])  # [B, Q, E]
+            return embeddings * self.scale
+        # Every cluster embeds every token (ids outside it clamped to a valid row) and a mask keeps its own: a little
+        # extra arithmetic instead of a host synchronisation to find each cluster's tokens.
+        embeddings = None
+        for cluster, (table, projection) in enumerate(zip(self.embeddings, self.projections)):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            in_cluster = ((input_ids >= low) & (input_ids < high)).unsqueeze(-1)  # [B, Q, 1]
+            cluster_embeddings = F.linear(table((input_ids - low).clamp(0, high - low - 1)), projection)  # [B, Q, E]
+            if embeddings is None:
+                embeddings = cluster_embeddings * in_cluster
+            else:
+                embeddings = torch.where(in_cluster, cluster_embeddings, embeddings)
+        return embeddings * self.scale
+
+
+class TxlAdaptiveLogSoftmax(nn.Module):
+    """Projected adaptive log-softmax: hidden states `[N, E]` -> log-probabilities `[N, V]`, or NLL of targets `[N]`.
+
+    The head scores the `cutoffs[0]` frequent tokens plus one logit per tail cluster; a tail token's log-probability
+    is its cluster's head log-probability plus its log-probability inside the cluster. Each cluster has its own
+    projection from E to its width (and may share it with the input embedding, `tie_projs`) and its own bias, which is
+    why torch's `nn.AdaptiveLogSoftmaxWithLoss` (no projections, no tail biases) is not a drop-in replacement.
+    """
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.bounds = config.cluster_bounds
+        self.n_clusters = len(self.bounds) - 1
+        self.shortlist_size = self.bounds[1]
+        self.div_val = config.div_val
+        if self.n_clusters > 1:  # the head's extra logits, one per tail cluster
+            self.cluster_weight = nn.Parameter(torch.empty(self.n_clusters - 1, config.d_embed))
+            self.cluster_bias = nn.Parameter(torch.empty(self.n_clusters - 1))
+        self.output_layers = nn.ModuleList()
+        self.output_projections = nn.ParameterList()  # [E, d_i] each, or none
+        if config.div_val == 1:
+            self.output_layers.append(nn.Linear(config.d_embed, config.vocab_size))
+            if config.d_embed != config.d_model:
+                for _ in range(self.n_clusters):
+                    self.output_projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
+        else:
+            for cluster in range(self.n_clusters):
+                width = config.cluster_width(cluster)
+                self.output_projections.append(nn.Parameter(torch.empty(config.d_model, width)))
+                self.output_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
+
+    def _cluster_logits(self, hidden_states: torch.Tensor, cluster: int) -> torch.Tensor:
+        """Logits `[N, n_i]` of cluster `cluster` (for cluster 0, the head: shortlist plus one per tail cluster)."""
+        if self.div_val == 1:
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            weight, bias = self.output_layers[0].weight[low:high], self.output_layers[0].bias[low:high]
+        else:
+            weight, bias = self.output_layers[cluster].weight, self.output_layers[cluster].bias
+        if cluster == 0 and self.n_clusters > 1:
+            weight = torch.cat([weight, self.cluster_weight], dim=0)
+            bias = torch.cat([bias, self.cluster_bias], dim=0)
+        if len(self.output_projections) > 0:
+            hidden_states = hidden_states @ self.output_projections[cluster]  # [N, d_i]
+        return F.linear(hidden_states, weight, bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities over the whole vocabulary: `[N, E]` -> `[N, V]`."""
+        head_logprobs = torch.log_softmax(self._cluster_logits(hidden_states, 0), dim=-1)  # [N, shortlist + tails]
+        if self.n_clusters == 1:
+            return head_logprobs
+        pieces = [head_logprobs[:, : self.shortlist_size]]
+        for cluster in range(1, self.n_clusters):
+            tail_logprobs = torch.log_softmax(self._cluster_logits(hidden_states, cluster), dim=-1)  # [N, n_i]
+            pieces.append(head_logprobs[:, self.shortlist_size + cluster - 1, None] + tail_logprobs)
+        return torch.cat(pieces, dim=-1)  # [N, V]
+
+    def nll(self, hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """Negative log-likelihood of `targets` `[N]` under `[N, E]` hidden states: `[N]`, 0 where ignored.
+
+        Only the clusters that hold a target are computed, and only on the rows whose target they hold.
+        """
+        head_logprobs = torch.log_softmax(self._cluster_logits(hidden_states, 0), dim=-1)  # [N, shortlist + tails]
+        in_head = (targets >= 0) & (targets < self.shortlist_size)
+        safe_targets = torch.where(in_head, targets, 0)
+        nll = -head_logprobs.gather(1, safe_targets[:, None]).squeeze(1) * in_head  # [N]
+        for cluster in range(1, self.n_clusters):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            rows = ((targets >= low) & (targets < high)).nonzero().squeeze(1)  # host sync: skip clusters not needed
+            if rows.numel() == 0:
+                continue
+            tail_logprobs = torch.log_softmax(self._cluster_logits(hidden_states[rows], cluster), dim=-1)
+            target_logprobs = tail_logprobs.gather(1, (targets[rows] - low)[:, None]).squeeze(1)
+            nll = nll.index_put((rows,), -(head_logprobs[rows, self.shortlist_size + cluster - 1] + target_logprobs))
+        return torch.where(targets == ignore_index, 0.0, nll)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclass
+class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus the per-token losses.
+
+    `logits` are normalised log-probabilities `[B, Q, V]` (what an adaptive softmax yields; softmax of them gives the
+    same probabilities). `losses` `[B, Q]` is the NLL of each target (0 where ignored), aligned with the targets.
+    """
+
+    losses: torch.Tensor | None = None
+
+
+class TxlPreTrainedModel(PreTrainedModel):
+    config_class = TxlConfig
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TxlLayer"]
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    # v4 stored the sinusoid's frequencies as a buffer; they are recomputed here.
+    _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
+
+    def __init__(self, config: TxlConfig, *inputs, **kwargs) -> None:
+        super().__init__(config, *inputs, **kwargs)
+
+    def _init_matrix(self, weight: torch.Tensor) -> None:
+        if self.config.init == "uniform":
+            init.uniform_(weight, -self.config.init_range, self.config.init_range)
+        else:
+            init.normal_(weight, mean=0.0, std=self.config.init_std)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """The original code's initialisation (kept by v4), dispatched on the module that owns each tensor."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            self._init_matrix(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.normal_(module.weight, mean=1.0, std=self.config.init_std)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.ParameterList):  # adaptive embedding / softmax projections
+            for projection in module:
+                init.normal_(projection, mean=0.0, std=self.config.proj_init_std)
+        elif isinstance(module, TxlAdaptiveLogSoftmax) and hasattr(module, "cluster_weight"):
+            self._init_matrix(module.cluster_weight)
+            init.zeros_(module.cluster_bias)
+        elif isinstance(module, (TxlRelativeAttention, TxlModel)) and hasattr(module, "content_bias"):
+            self._init_matrix(module.content_bias)
+            self._init_matrix(module.position_bias)
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        raise NotImplementedError(
+            "Resizing the vocabulary of an adaptive embedding / adaptive softmax is not supported: the cluster "
+            "boundaries (cutoffs) would have to move. Build a new config with the new vocab_size and cutoffs instead."
+        )
+
+
+class TxlModel(TxlPreTrainedModel):
+    """The Transformer-XL stack: adaptive embedding, `n_layer` relative-attention layers, memory; no output head."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__(config)
+        self.word_embeddings = TxlAdaptiveEmbedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        if not config.untie_r:  # one u and one v shared by all layers
+            self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        self.layers = nn.ModuleList([TxlLayer(config) for _ in range(config.n_layer)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> TxlAdaptiveEmbedding:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, value: TxlAdaptiveEmbedding) -> None:
+        self.word_embeddings = value
+
+    def _check_input_ids(self, input_ids: torch.Tensor) -> None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}.")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must hold integer token ids (int64), got dtype {input_ids.dtype}.")
+        if input_ids.numel() == 0:
+            raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); pass at least one token.")
+        vocab_size = self.config.vocab_size
+        if input_ids.device.type == "cpu":  # checked on the host; elsewhere an async assert avoids a sync
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary [0, {vocab_size}).")
+        else:
+            torch._assert_async(
+                ((input_ids >= 0) & (input_ids < vocab_size)).all(),
+                f"input_ids contains a token id outside the vocabulary [0, {vocab_size}).",
+            )
+
+    def _prepare_memory(
+        self, past_key_values: Cache | None, batch: int, hidden_states: torch.Tensor, use_cache: bool
+    ) -> TxlMemory | None:
+        """The memory to attend to (and update, with use_cache); zero-filled first if `memory_init == "zeros"`."""
+        if past_key_values is not None and not isinstance(past_key_values, TxlMemory):
+            raise TypeError(
+                "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
+                f"{type(past_key_values).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
+            )
+        memory = past_key_values
+        if memory is None and (use_cache or self.config.memory_init == "zeros"):
+            memory = TxlMemory.from_config(self.config)
+        if memory is None:
+            return None
+        if len(memory.layers) != self.config.n_layer:
+            raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {self.config.n_layer}.")
+        if memory.get_seq_length() > 0:
+            mem_batch, _, mem_width = memory.get_memory(0).shape
+            if mem_batch != batch or mem_width != self.config.d_model:
+                raise ValueError(
+                    f"The memory holds batch {mem_batch} x width {mem_width}; the input needs batch {batch} x width "
+                    f"{self.config.d_model}. Pass the memory returned for this same stream (or reset it)."
+                )
+        elif self.config.memory_init == "zeros" and memory.mem_len > 0:
+            # v4 behaviour: a new stream starts with mem_len zero vectors that the first segment attends to.
+            zeros = hidden_states.new_zeros(batch, memory.mem_len, self.config.d_model)
+            memory.update_memory([zeros] * len(memory.layers))
+        return memory
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values: TxlMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, seq_len)`):
+                Token ids of the current segment.
+            past_key_values (`TxlMemory`, *optional*):
+                The memory returned by the previous call for this stream. `None` starts a new stream.
+            attention_mask (`torch.Tensor` of shape `(batch_size, seq_len)`, *optional*):
+                Accepted for the transformers API; must be all ones (padding is not supported yet).
+            inputs_embeds (`torch.FloatTensor` of shape `(batch_size, seq_len, d_model)`, *optional*):
+                Embedded inputs instead of `input_ids`.
+            use_cache (`bool`, *optional*, defaults to `config.use_cache`):
+                Update the memory with this segment and return it as `past_key_values`.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if input_ids is not None:
+            self._check_input_ids(input_ids)
+            inputs_embeds = self.word_embeddings(input_ids)  # [B, Q, E]
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model:
+            raise ValueError(
+                f"inputs_embeds must be [batch, seq_len, {self.config.d_model}], got {tuple(inputs_embeds.shape)}."
+            )
+        batch, q_len, _ = inputs_embeds.shape
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise NotImplementedError("Padding (an attention_mask with zeros) is not supported yet.")
+
+        memory = self._prepare_memory(past_key_values, batch, inputs_embeds, use_cache)
+        mem_len_now = 0 if memory is None else memory.get_seq_length()
+        k_len = mem_len_now + q_len
+
+        # Built once per forward and shared by every layer.
+        mask = causal_memory_mask(
+            q_len,
+            mem_len_now,
+            same_length=self.config.same_length,
+            max_mem_len=self.config.mem_len,
+            device=inputs_embeds.device,
+        )  # [Q, K]
+        positions = sinusoid_positions(
+            k_len,
+            self.config.d_model,
+            clamp_len=self.config.clamp_len,
+            dtype=inputs_embeds.dtype,
+            device=inputs_embeds.device,
+        )  # [K, E]
+        positions = self.dropout(positions)
+        hidden_states = self.dropout(inputs_embeds)
+
+        layer_inputs, attentions = [], []
+        for layer_idx, layer in enumerate(self.layers):
+            layer_inputs.append(hidden_states)
+            attention = layer.attention
+            content_bias = attention.content_bias if self.config.untie_r else self.content_bias
+            position_bias = attention.position_bias if self.config.untie_r else self.position_bias
+            hidden_states, attn_weights = layer(
+                hidden_states,
+                None if memory is None else memory.get_memory(layer_idx),
+                positions,
+                mask,
+                content_bias,
+                position_bias,
+                output_attentions,
+            )
+            attentions.append(attn_weights)
+        hidden_states = self.dropout(hidden_states)
+
+        if use_cache:
+            memory.update_memory(layer_inputs)
+        output = BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            past_key_values=memory if use_cache else None,
+            hidden_states=(*layer_inputs, hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
+    """Transformer-XL with its adaptive softmax language-model head."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__(config)
+        self.transformer = TxlModel(config)
+        self.adaptive_softmax = TxlAdaptiveLogSoftmax(config)
+        self._tied_weights_keys = self._tied_parameters(config)
+        self.post_init()
+
+    @staticmethod
+    def _tied_parameters(config: TxlConfig) -> dict[str, str]:
+        """`{target: source}` for the parameters the output head shares with the input embedding."""
+        tied = {}
+        embedding, softmax = "transformer.word_embeddings", "adaptive_softmax"
+        if config.tie_word_embeddings:
+            for cluster in range(1 if config.div_val == 1 else len(config.cutoffs) + 1):
+                tied[f"{softmax}.output_layers.{cluster}.weight"] = f"{embedding}.embeddings.{cluster}.weight"
+        for cluster, tie_projection in enumerate(config.tie_projs):
+            if not tie_projection:
+                continue
+            if config.div_val == 1 and config.d_model != config.d_embed:
+                tied[f"{softmax}.output_projections.{cluster}"] = f"{embedding}.projections.0"
+            elif config.div_val != 1:
+                tied[f"{softmax}.output_projections.{cluster}"] = f"{embedding}.projections.{cluster}"
+        return tied
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # transformers ties only when tie_word_embeddings is set; projections follow tie_projs on their own.
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(self._tied_weights_keys)
+
+    def get_output_embeddings(self) -> None:
+        return None  # an adaptive softmax has no single output embedding matrix
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values: TxlMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        shift_labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        return_logits: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> TxlCausalLMOutputWithPast | tuple:
+        r"""
+        Args:
+            labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
+                Targets, shifted inside (position t predicts `labels[:, t + 1]`), so `labels=input_ids` works; -100
+                is ignored. The last position predicts nothing.
+            shift_labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
+                Targets already aligned with the positions (position t predicts `shift_labels[:, t]`): for a stream
+                cut into segments, the first target of the next segment is not lost.
+            logits_to_keep (`int`, *optional*, defaults to 0):
+                Compute log-probabilities for the last `logits_to_keep` positions only (0: all).
+            return_logits (`bool`, *optional*):
+                Whether to return `logits`. Defaults to `True` without targets and `False` with them: the loss then
+                only computes the clusters of the adaptive softmax that hold a target.
+            num_items_in_batch (`int`, *optional*):
+                Divide the summed loss by this instead of the number of targets (gradient accumulation).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None and shift_labels is not None:
+            raise ValueError("Pass either labels (shifted inside) or shift_labels (pre-aligned), not both.")
+        outputs = self.transformer(
+            input_ids=input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state  # [B, Q, E]
+        batch, q_len, _ = hidden_states.shape
+
+        loss = losses = None
+        targets = self._aligned_targets(labels, shift_labels, batch, q_len)
+        if targets is not None:
+            losses = self.adaptive_softmax.nll(hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1))
+            losses = losses.view(batch, q_len)
+            loss = self._reduce_loss(losses, targets, num_items_in_batch)
+
+        logits = None
+        if return_logits if return_logits is not None else targets is None:
+            kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
+            logits = self.adaptive_softmax(kept.reshape(-1, kept.shape[-1])).view(batch, kept.shape[1], -1)
+
+        output = TxlCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            losses=losses,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def _aligned_targets(
+        labels: torch.Tensor | None, shift_labels: torch.Tensor | None, batch: int, q_len: int
+    ) -> torch.Tensor | None:
+        """Targets aligned with the positions, `[B, Q]`, -100 where nothing is predicted. Never modifies the input."""
+        given = labels if labels is not None else shift_labels
+        if given is None:
+            return None
+        name = "labels" if labels is not None else "shift_labels"
+        if tuple(given.shape) != (batch, q_len):
+            raise ValueError(f"{name} must have the input's shape {(batch, q_len)}, got {tuple(given.shape)}.")
+        if labels is None:
+            return shift_labels
+        return F.pad(labels[:, 1:], (0, 1), value=-100)  # a new tensor: position t predicts labels[:, t + 1]
+
+    @staticmethod
+    def _reduce_loss(
+        losses: torch.Tensor, targets: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
+    ) -> torch.Tensor:
+        if num_items_in_batch is not None:
+            return losses.sum() / num_items_in_batch
+        n_targets = (targets != -100).sum()
+        if n_targets.item() == 0:  # one sync per loss; the adaptive softmax synchronises anyway
+            raise ValueError("Every target is -100 (ignored): there is nothing to compute a loss on.")
+        return losses.sum() / n_targets
+
+    # generate() support: the memory replaces the KV cache.
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = TxlMemory.from_config(self.config)
+        else:
+            super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        past_key_values: TxlMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        is_first_iteration: bool = False,
+        next_sequence_length: int | None = None,
+        **kwargs,
+    ) -> dict:
+        # The memory length says nothing about how many tokens were consumed, so the default slicing (by
+        # get_seq_length) is wrong here: the first call feeds every token given, later calls the newest one.
+        if not is_first_iteration and use_cache and past_key_values is not None:
+            input_ids = input_ids[:, -1:]
+        model_inputs = {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache}
+        if "logits_to_keep" in kwargs:
+            model_inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        return model_inputs
+
+
+class TxlForSequenceClassification(TxlPreTrainedModel):
+    """Transformer-XL with a linear classifier on the last non-padding token."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = TxlModel(config)
+        self.score = nn.Linear(config.d_model, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values: TxlMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        r"""
+        Args:
+            labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
+                Class ids (cross-entropy), or floats for regression when `num_labels == 1`.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids=input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.score(outputs.last_hidden_state)  # [B, Q, num_labels]
+        batch = logits.shape[0]
+        pad_token_id = self.config.pad_token_id
+        if input_ids is None or pad_token_id is None:
+            if batch > 1 and pad_token_id is None:
+                raise ValueError("Batches of more than one sequence need config.pad_token_id to find each last token.")
+            last_token = torch.full((batch,), logits.shape[1] - 1, device=logits.device)
+        else:
+            # Last position that is not padding (right padding); a row without padding uses its last position.
+            not_pad = (input_ids != pad_token_id).to(logits.device, torch.int32)
+            positions = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
+            last_token = (positions * not_pad).argmax(-1)
+        pooled_logits = logits[torch.arange(batch, device=logits.device), last_token]  # [B, num_labels]
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        output = SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# transformers-v4 checkpoints: parameter names of `TransfoXL*` (and of the original code), renamed on load.
+# transformers reverts a renaming on save when it was used at load, so a legacy model saves in the legacy layout;
+# `TxlConfig.from_dict(config.to_dict())` + save_pretrained gives the txl layout.
+
+LEGACY_PARAMETER_RENAMES: dict[str, str] = {
+    r"word_emb\.emb_layers\.": "word_embeddings.embeddings.",
+    r"word_emb\.emb_projs\.": "word_embeddings.projections.",
+    r"dec_attn\.qkv_net\.": "attention.qkv_proj.",
+    r"dec_attn\.r_net\.": "attention.pos_proj.",
+    r"dec_attn\.o_net\.": "attention.o_proj.",
+    r"dec_attn\.layer_norm\.": "attention.layer_norm.",
+    r"dec_attn\.r_w_bias": "attention.content_bias",
+    r"dec_attn\.r_r_bias": "attention.position_bias",
+    r"pos_ff\.CoreNet\.0\.": "ffn.up_proj.",
+    r"pos_ff\.CoreNet\.3\.": "ffn.down_proj.",
+    r"pos_ff\.layer_norm\.": "ffn.layer_norm.",
+    r"^transformer\.r_w_bias": "transformer.content_bias",
+    r"^transformer\.r_r_bias": "transformer.position_bias",
+    r"^crit\.out_layers\.": "adaptive_softmax.output_layers.",
+    r"^crit\.out_projs\.": "adaptive_softmax.output_projections.",
+    r"^crit\.cluster_": "adaptive_softmax.cluster_",
+}
+
+register_checkpoint_conversion_mapping(
+    TransfoXLConfig.model_type,
+    [WeightRenaming(source, target) for source, target in LEGACY_PARAMETER_RENAMES.items()],
+    overwrite=True,
+)
+
+__all__ = [
+    "TxlMemory",
+    "TxlMemoryLayer",
+    "TxlPreTrainedModel",
+    "TxlModel",
+    "TxlForCausalLM",
+    "TxlForSequenceClassification",
+    "TxlCausalLMOutputWithPast",
+    "TxlAdaptiveEmbedding",
+    "TxlAdaptiveLogSoftmax",
+    "relative_shift",
+    "sinusoid_positions",
+    "causal_memory_mask",
+]
