@@ -10,7 +10,7 @@ This script is run by hand in a throwaway virtualenv with transformers==4.37.2 (
 TransfoXL under `models/deprecated`), never in CI. From the repository root:
 
     python3.11 -m venv /tmp/venv-v4
-    /tmp/venv-v4/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    /tmp/venv-v4/bin/pip install torch==2.13.0
     /tmp/venv-v4/bin/pip install transformers==4.37.2 sacremoses safetensors
     /tmp/venv-v4/bin/python scripts/make_legacy_fixtures.py            # writes tests/fixtures/legacy/
     /tmp/venv-v4/bin/python scripts/make_legacy_fixtures.py --out DIR  # or somewhere else

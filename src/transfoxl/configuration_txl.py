@@ -13,6 +13,7 @@ unchanged, old key names and ignored keys included.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -86,8 +87,10 @@ class TxlConfig(PreTrainedConfig):
             Segment length the model was trained with (informative; scripts use it as their default).
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether forward returns the updated memory as `past_key_values`.
-        eos_token_id (`int`, *optional*, defaults to 0), pad_token_id (`int`, *optional*), bos_token_id (`int`, *optional*):
-            Special token ids.
+        eos_token_id (`int`, *optional*, defaults to 0):
+            End-of-sequence id (`<eos>` ends every line in Transformer-XL corpora).
+        pad_token_id (`int`, *optional*), bos_token_id (`int`, *optional*):
+            Padding and beginning-of-sequence ids.
         tie_word_embeddings (`bool`, *optional*):
             Whether the adaptive softmax's output layers share the input embedding tables. Defaults to v4's
             `tie_weight` when a legacy config has it, else `True`.
@@ -144,6 +147,7 @@ class TxlConfig(PreTrainedConfig):
         tie_word_embeddings: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.pop("model_type", None)  # the class says which it is; a legacy dict's "transfo-xl" must not stick
         legacy_options = _pop_legacy_options(kwargs)
         if tie_word_embeddings is None:
             tie_word_embeddings = legacy_options["tie_weight"]
@@ -201,10 +205,12 @@ class TxlConfig(PreTrainedConfig):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TxlConfig: `{name}` must be a non-negative integer, got {value!r}.")
         if not isinstance(self.clamp_len, int) or isinstance(self.clamp_len, bool):
-            raise ValueError(f"TxlConfig: `clamp_len` must be an integer (0 or less: no clamping), got {self.clamp_len!r}.")
+            raise ValueError(
+                f"TxlConfig: `clamp_len` must be an integer (0 or less: no clamping), got {self.clamp_len!r}."
+            )
 
         cutoffs = self.cutoffs
-        if any(later <= earlier for earlier, later in zip(cutoffs, cutoffs[1:])):
+        if any(later <= earlier for earlier, later in pairwise(cutoffs)):
             raise ValueError(f"TxlConfig: `cutoffs` must be strictly increasing, got {cutoffs}.")
         if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocab_size):
             raise ValueError(
@@ -226,7 +232,9 @@ class TxlConfig(PreTrainedConfig):
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"TxlConfig: `{name}` must be a probability in [0, 1), got {value!r}.")
         if self.memory_init not in MEMORY_INIT_CHOICES:
-            raise ValueError(f"TxlConfig: `memory_init` must be one of {MEMORY_INIT_CHOICES}, got {self.memory_init!r}.")
+            raise ValueError(
+                f"TxlConfig: `memory_init` must be one of {MEMORY_INIT_CHOICES}, got {self.memory_init!r}."
+            )
         if self.init not in INIT_CHOICES:
             raise ValueError(f"TxlConfig: `init` must be one of {INIT_CHOICES}, got {self.init!r}.")
         if not self.layer_norm_epsilon > 0:

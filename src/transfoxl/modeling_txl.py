@@ -26,7 +26,6 @@ copy it into a model folder for `trust_remote_code=True`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,15 +45,13 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import logging
 
-try:  # inside a model folder loaded with trust_remote_code: the files sit side by side in one package
-    from .configuration_txl import TransfoXLConfig, TxlConfig
-except ImportError:  # imported as a top-level module
-    from configuration_txl import TransfoXLConfig, TxlConfig
+# Relative import: right both inside this package and in a model folder loaded with trust_remote_code.
+from .configuration_txl import TransfoXLConfig, TxlConfig
 
 logger = logging.get_logger(__name__)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Memory
 
 
@@ -194,7 +191,7 @@ class TxlMemory(Cache):
         return self.layers[0].batch_size
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Positions, masks and the relative shift: built once per forward by the model, shared by every layer
 
 
@@ -205,12 +202,13 @@ def sinusoid_positions(
 
     Distances above `clamp_len` (when > 0) reuse the encoding of `clamp_len`.
     """
-    distances = torch.arange(k_len - 1, -1, -1.0, device=device, dtype=dtype)  # [K]
+    # Angles in float32 whatever the model's dtype: a distance of 1000 is not representable in bfloat16.
+    distances = torch.arange(k_len - 1, -1, -1.0, device=device, dtype=torch.float32)  # [K]
     if clamp_len > 0:
         distances = distances.clamp(max=clamp_len)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=dtype) / d_model))  # [E/2]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=torch.float32) / d_model))
     angles = torch.outer(distances, inv_freq)  # [K, E/2]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # [K, E]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # [K, E]
 
 
 def relative_shift(scores: torch.Tensor) -> torch.Tensor:
@@ -246,7 +244,7 @@ def causal_memory_mask(
     return future | torch.tril(ones, diagonal=-shift)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Attention: one readable eager function and one fused SDPA function, selected by config._attn_implementation
 
 
@@ -420,7 +418,7 @@ class TxlLayer(GradientCheckpointingLayer):
         return self.ffn(hidden_states), attn_weights
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Adaptive input embedding and adaptive softmax (Baevski & Auli, 2019; Grave et al., 2017)
 
 
@@ -544,7 +542,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         return torch.where(targets == ignore_index, 0.0, nll)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Models
 
 
@@ -559,6 +557,17 @@ class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
     losses: torch.Tensor | None = None
 
 
+def _reject_unknown_arguments(kwargs: dict) -> None:
+    """A misspelt or v4-only argument must not be dropped silently (v4's `mems=` would lose the memory)."""
+    if "mems" in kwargs:
+        raise TypeError(
+            "`mems` is transformers v4's name: pass the memory as past_key_values=TxlMemory (convert a v4 list of "
+            "[mem_len, batch, d_model] tensors with TxlMemory.from_legacy(mems))."
+        )
+    if kwargs:
+        raise TypeError(f"Unexpected arguments for a Transformer-XL forward: {sorted(kwargs)}.")
+
+
 class TxlPreTrainedModel(PreTrainedModel):
     config_class = TxlConfig
     base_model_prefix = "transformer"
@@ -570,8 +579,27 @@ class TxlPreTrainedModel(PreTrainedModel):
     # v4 stored the sinusoid's frequencies as a buffer; they are recomputed here.
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
 
-    def __init__(self, config: TxlConfig, *inputs, **kwargs) -> None:
-        super().__init__(config, *inputs, **kwargs)
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        # Legacy `.bin` checkpoints are pickles: only ever read them with torch's restricted (weights-only) loader.
+        if kwargs.get("weights_only") is False:
+            raise ValueError(
+                "weights_only=False is refused: a pickled checkpoint could run arbitrary code. Checkpoints load "
+                "with weights_only=True (tensors only); convert anything else to safetensors first."
+            )
+        return super().from_pretrained(*args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # transformers records only the saved class in `auto_map`; list every head so that AutoModel,
+        # AutoModelForCausalLM and AutoModelForSequenceClassification all load the folder with trust_remote_code.
+        auto_map = {
+            "AutoConfig": f"configuration_txl.{type(self.config).__name__}",
+            "AutoModel": "modeling_txl.TxlModel",
+            "AutoModelForCausalLM": "modeling_txl.TxlForCausalLM",
+            "AutoModelForSequenceClassification": "modeling_txl.TxlForSequenceClassification",
+        }
+        self.config.auto_map = {**auto_map, **(getattr(self.config, "auto_map", None) or {})}
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _init_matrix(self, weight: torch.Tensor) -> None:
         if self.config.init == "uniform":
@@ -699,6 +727,7 @@ class TxlModel(TxlPreTrainedModel):
             use_cache (`bool`, *optional*, defaults to `config.use_cache`):
                 Update the memory with this segment and return it as `past_key_values`.
         """
+        _reject_unknown_arguments(kwargs)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -839,6 +868,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             num_items_in_batch (`int`, *optional*):
                 Divide the summed loss by this instead of the number of targets (gradient accumulation).
         """
+        _reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
             raise ValueError("Pass either labels (shifted inside) or shift_labels (pre-aligned), not both.")
@@ -958,6 +988,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
             labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
                 Class ids (cross-entropy), or floats for regression when `num_labels == 1`.
         """
+        _reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
             input_ids=input_ids,
@@ -996,7 +1027,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # transformers-v4 checkpoints: parameter names of `TransfoXL*` (and of the original code), renamed on load.
 # transformers reverts a renaming on save when it was used at load, so a legacy model saves in the legacy layout;
 # `TxlConfig.from_dict(config.to_dict())` + save_pretrained gives the txl layout.
@@ -1027,16 +1058,16 @@ register_checkpoint_conversion_mapping(
 )
 
 __all__ = [
-    "TxlMemory",
-    "TxlMemoryLayer",
-    "TxlPreTrainedModel",
-    "TxlModel",
-    "TxlForCausalLM",
-    "TxlForSequenceClassification",
-    "TxlCausalLMOutputWithPast",
     "TxlAdaptiveEmbedding",
     "TxlAdaptiveLogSoftmax",
+    "TxlCausalLMOutputWithPast",
+    "TxlForCausalLM",
+    "TxlForSequenceClassification",
+    "TxlMemory",
+    "TxlMemoryLayer",
+    "TxlModel",
+    "TxlPreTrainedModel",
+    "causal_memory_mask",
     "relative_shift",
     "sinusoid_positions",
-    "causal_memory_mask",
 ]

@@ -1,0 +1,410 @@
+"""The model's invariants: relative positions, recurrence, memory, adaptive softmax, losses, heads, round trips."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from tests.utils import tiny_config, tiny_lm
+from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel
+from transfoxl.modeling_txl import (
+    TxlAdaptiveLogSoftmax,
+    causal_memory_mask,
+    eager_relative_attention,
+    relative_shift,
+    sinusoid_positions,
+)
+
+VARIANTS = {
+    "adaptive_post_ln": {},
+    "pre_ln_shared_r": {"pre_lnorm": True, "untie_r": False},
+    "no_cutoffs_projected": {"cutoffs": [], "div_val": 1, "d_embed": 24, "tie_projs": [True]},
+    "div1_clamped": {"cutoffs": [40], "div_val": 1, "d_embed": 16, "clamp_len": 3, "tie_word_embeddings": False},
+}
+
+
+def covering_ids(vocab_size: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """Random ids that include the first and last id of the vocabulary, so every cluster is used."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (batch, length), generator=generator)
+    ids[0, 0], ids[-1, -1] = 0, vocab_size - 1
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Relative positions
+
+
+def test_relative_shift_puts_distance_m_plus_i_minus_j_at_key_j():
+    batch, heads, q_len, mem_len = 2, 3, 4, 5
+    k_len = mem_len + q_len
+    by_distance = torch.randn(batch, heads, q_len, k_len)  # column r holds distance K-1-r
+    shifted = relative_shift(by_distance)
+    for i in range(q_len):
+        for j in range(mem_len + i + 1):  # every key that query i may see
+            distance = mem_len + i - j
+            assert torch.equal(shifted[..., i, j], by_distance[..., i, k_len - 1 - distance])
+
+
+def direct_relative_attention(query, key, value, position_table, content_bias, position_bias, mem_len, scaling):
+    """Eq. 3 of the paper computed entry by entry: R_{M+i-j} looked up by distance, future keys excluded."""
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[2]
+    scores = torch.full((batch, heads, q_len, k_len), float("-inf"))
+    for i in range(q_len):
+        for j in range(mem_len + i + 1):
+            distance = mem_len + i - j
+            content = ((query[:, :, i] + content_bias) * key[:, :, j]).sum(-1)
+            position = ((query[:, :, i] + position_bias) * position_table[:, distance]).sum(-1)
+            scores[:, :, i, j] = (content + position) * scaling
+    weights = scores.softmax(-1)
+    return weights @ value, weights
+
+
+def test_eager_attention_matches_the_direct_computation_of_the_positional_terms():
+    torch.manual_seed(0)
+    batch, heads, q_len, mem_len, head_dim = 2, 3, 4, 3, 8
+    k_len = q_len + mem_len
+    query = torch.randn(batch, heads, q_len, head_dim)
+    key, value = torch.randn(batch, heads, k_len, head_dim), torch.randn(batch, heads, k_len, head_dim)
+    table_by_distance = torch.randn(heads, k_len, head_dim)  # [H, distance, D]
+    rel_key = table_by_distance.flip(1)  # the model's order: row r = distance K-1-r
+    content_bias, position_bias = torch.randn(heads, head_dim), torch.randn(heads, head_dim)
+    mask = causal_memory_mask(q_len, mem_len, same_length=False, max_mem_len=mem_len, device=query.device)
+
+    output, weights = eager_relative_attention(
+        query, key, value, rel_key, content_bias, position_bias, mask, scaling=0.3, dropout=0.0
+    )
+    expected_output, expected_weights = direct_relative_attention(
+        query, key, value, table_by_distance, content_bias, position_bias, mem_len, 0.3
+    )
+    torch.testing.assert_close(weights, expected_weights, rtol=0, atol=1e-6)
+    torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-5)
+
+
+def test_sinusoid_positions_are_ordered_by_decreasing_distance_and_clamped():
+    table = sinusoid_positions(6, 8, clamp_len=0, dtype=torch.float32, device=torch.device("cpu"))
+    assert table.shape == (6, 8)
+    torch.testing.assert_close(table[-1], torch.tensor([0.0] * 4 + [1.0] * 4))  # distance 0: sin 0, cos 0
+    clamped = sinusoid_positions(6, 8, clamp_len=2, dtype=torch.float32, device=torch.device("cpu"))
+    assert torch.equal(clamped[0], clamped[3])  # distances 5 and 2 both read distance 2
+    assert torch.equal(clamped[3:], table[3:])
+
+
+def test_same_length_mask_gives_every_query_the_same_number_of_keys():
+    # With a full memory (M = mem_len), every query sees the mem_len latest positions, itself included.
+    mask = causal_memory_mask(4, 6, same_length=True, max_mem_len=6, device=torch.device("cpu"))
+    assert (~mask).sum(-1).tolist() == [6, 6, 6, 6]
+    assert not mask[3, 9] and mask[0, 7]  # the last query sees itself; the first query does not see the future
+    assert mask[0, 0] and not mask[0, 1]  # ... nor the oldest memory position, which is out of its window
+    causal = causal_memory_mask(4, 6, same_length=False, max_mem_len=6, device=torch.device("cpu"))
+    assert (~causal).sum(-1).tolist() == [7, 8, 9, 10]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recurrence and memory
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_two_segments_with_memory_equal_one_pass_over_both(variant, attn_implementation):
+    model = tiny_lm(**VARIANTS[variant], mem_len=6)
+    model.config._attn_implementation = attn_implementation
+    ids = covering_ids(model.config.vocab_size, batch=2, length=11)
+    first, second = ids[:, :6], ids[:, 6:]
+
+    whole = model(ids, use_cache=False, output_hidden_states=True)
+    memory = model(first).past_key_values
+    continued = model(second, past_key_values=memory, output_hidden_states=True)
+
+    torch.testing.assert_close(continued.logits, whole.logits[:, 6:], rtol=0, atol=1e-5)
+    for layer_continued, layer_whole in zip(continued.hidden_states, whole.hidden_states):
+        torch.testing.assert_close(layer_continued, layer_whole[:, 6:], rtol=0, atol=1e-5)
+
+
+def test_memory_is_detached_capped_and_holds_the_latest_layer_inputs():
+    model = tiny_lm(mem_len=7).train()
+    memory, inputs_seen = None, []
+    for step in range(3):
+        ids = covering_ids(model.config.vocab_size, batch=2, length=5, seed=step)
+        output = model(ids, past_key_values=memory, labels=ids, output_hidden_states=True)
+        output.loss.backward()
+        assert output.past_key_values is (memory or output.past_key_values)  # updated in place
+        memory = output.past_key_values
+        inputs_seen.append(output.hidden_states[:-1])
+        assert memory.get_seq_length() == min(5 * (step + 1), 7)
+    for layer_idx in range(model.config.n_layer):
+        stored = memory.get_memory(layer_idx)
+        assert stored.shape == (2, 7, model.config.d_model) and not stored.requires_grad
+        expected = torch.cat([seen[layer_idx] for seen in inputs_seen], dim=1)[:, -7:]
+        assert torch.equal(stored, expected.detach())
+
+
+def test_mem_len_zero_keeps_no_memory():
+    model = tiny_lm(mem_len=0)
+    ids = covering_ids(model.config.vocab_size, batch=2, length=5)
+    first = model(ids)
+    assert first.past_key_values.get_seq_length() == 0
+    second = model(ids, past_key_values=first.past_key_values)
+    torch.testing.assert_close(second.logits, first.logits, rtol=0, atol=0)
+
+
+def test_an_empty_memory_object_is_the_same_as_none():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=5)
+    torch.testing.assert_close(
+        model(ids, past_key_values=TxlMemory.from_config(model.config)).logits, model(ids).logits, rtol=0, atol=0
+    )
+
+
+def test_memory_init_zeros_attends_to_mem_len_zero_vectors():
+    model = tiny_lm(memory_init="zeros", mem_len=6)
+    ids = covering_ids(model.config.vocab_size, batch=2, length=4)
+    output = model(ids, output_attentions=True)
+    assert output.attentions[0].shape == (2, model.config.n_head, 4, 6 + 4)
+    assert output.past_key_values.get_seq_length() == 6
+    assert not torch.allclose(output.logits, tiny_lm(mem_len=6)(ids).logits)  # the zeros are attended
+
+
+def test_legacy_mems_round_trip():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=3, length=5)
+    memory = model(ids).past_key_values
+    mems = memory.to_legacy()
+    assert [tuple(mem.shape) for mem in mems] == [(5, 3, model.config.d_model)] * model.config.n_layer
+    rebuilt = TxlMemory.from_legacy(mems, mem_len=model.config.mem_len)
+    follow = covering_ids(model.config.vocab_size, batch=3, length=4, seed=1)
+    torch.testing.assert_close(
+        model(follow, past_key_values=rebuilt).logits, model(follow, past_key_values=memory).logits, rtol=0, atol=0
+    )
+
+
+def test_reset_starts_a_new_stream():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=5)
+    memory = model(ids).past_key_values
+    memory.reset()
+    assert memory.get_seq_length() == 0
+    torch.testing.assert_close(model(ids, past_key_values=memory).logits, model(ids).logits, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Adaptive softmax and losses
+
+
+def test_adaptive_log_probs_are_normalised():
+    model = tiny_lm()
+    log_probs = model(covering_ids(model.config.vocab_size, batch=2, length=5)).logits
+    assert log_probs.shape == (2, 5, model.config.vocab_size)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 5), rtol=0, atol=1e-5)
+
+
+def test_adaptive_softmax_without_cutoffs_is_a_plain_softmax():
+    config = tiny_config(cutoffs=[], div_val=1)
+    softmax = TxlAdaptiveLogSoftmax(config)
+    torch.nn.init.normal_(softmax.output_layers[0].weight)
+    torch.nn.init.normal_(softmax.output_layers[0].bias)
+    hidden = torch.randn(6, config.d_model)
+    expected = F.log_softmax(hidden @ softmax.output_layers[0].weight.T + softmax.output_layers[0].bias, dim=-1)
+    torch.testing.assert_close(softmax(hidden), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_nll_of_targets_equals_the_full_log_probs_gathered(variant):
+    model = tiny_lm(**VARIANTS[variant])
+    hidden = torch.randn(12, model.config.d_model)
+    targets = covering_ids(model.config.vocab_size, batch=1, length=12)[0]
+    targets[3] = -100
+    full = model.adaptive_softmax(hidden)
+    expected = -full.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+    expected[3] = 0.0
+    torch.testing.assert_close(model.adaptive_softmax.nll(hidden, targets), expected, rtol=0, atol=1e-5)
+
+
+def test_labels_are_shifted_inside_and_shift_labels_are_not():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=6)
+    labels = ids.clone()
+    labels[1, 2] = -100
+    original = labels.clone()
+    with_labels = model(ids, labels=labels, return_logits=True)
+    assert torch.equal(labels, original)  # the caller's tensor is untouched
+
+    shifted = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], dim=1)
+    with_shift = model(ids, shift_labels=shifted)
+    torch.testing.assert_close(with_shift.loss, with_labels.loss, rtol=0, atol=0)
+    assert with_shift.logits is None  # the loss alone does not materialise the log-probs
+
+    log_probs = with_labels.logits[:, :-1]
+    expected = -log_probs.gather(-1, shifted[:, :-1].clamp(min=0)[..., None]).squeeze(-1)
+    valid = shifted[:, :-1] != -100
+    torch.testing.assert_close(with_labels.loss, expected[valid].mean(), rtol=0, atol=1e-5)
+    assert with_labels.losses.shape == (2, 6) and with_labels.losses[1, 1] == 0 and with_labels.losses[0, -1] == 0
+
+
+def test_loss_over_num_items_in_batch():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=6)
+    output = model(ids, labels=ids, num_items_in_batch=20)
+    torch.testing.assert_close(output.loss, output.losses.sum() / 20)
+
+
+def test_all_ignored_targets_are_refused():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=6)
+    with pytest.raises(ValueError, match="Every target is -100"):
+        model(ids, labels=torch.full_like(ids, -100))
+
+
+def test_gradients_reach_every_parameter():
+    model = tiny_lm(untie_r=False, dropout=0.1, dropatt=0.1).train()
+    ids = covering_ids(model.config.vocab_size, batch=4, length=12)
+    ids[1] = torch.arange(0, model.config.vocab_size, 8)[:12]  # touches every cluster on both sides
+    memory = model(ids).past_key_values
+    model(ids, past_key_values=memory, labels=ids).loss.backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    ids = covering_ids(97, batch=2, length=8)
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_lm().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        memory = model(ids).past_key_values
+        model(ids, past_key_values=memory, labels=ids).loss.backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Attention implementations, outputs, heads
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("same_length", [False, True])
+def test_sdpa_equals_eager_forward_and_backward(variant, same_length):
+    ids = covering_ids(97, batch=2, length=7)
+    results = []
+    for implementation in ("eager", "sdpa"):
+        model = tiny_lm(**VARIANTS[variant], same_length=same_length, mem_len=5)
+        model.config._attn_implementation = implementation
+        memory = model(ids[:, :4]).past_key_values
+        output = model(ids, past_key_values=memory, labels=ids, return_logits=True)
+        output.loss.backward()
+        results.append((output.logits, {name: p.grad for name, p in model.named_parameters()}))
+    (eager_logits, eager_grads), (sdpa_logits, sdpa_grads) = results
+    torch.testing.assert_close(sdpa_logits, eager_logits, rtol=0, atol=1e-5)
+    for name in eager_grads:
+        torch.testing.assert_close(sdpa_grads[name], eager_grads[name], rtol=0, atol=1e-5)
+
+
+def test_hidden_states_and_attentions_have_the_documented_shapes():
+    model = tiny_lm(mem_len=6)
+    ids = covering_ids(model.config.vocab_size, batch=2, length=4)
+    memory = model(ids).past_key_values
+    output = model(ids, past_key_values=memory, output_hidden_states=True, output_attentions=True)
+    config = model.config
+    assert len(output.hidden_states) == config.n_layer + 1
+    assert all(hidden.shape == (2, 4, config.d_model) for hidden in output.hidden_states)
+    assert len(output.attentions) == config.n_layer
+    assert all(weights.shape == (2, config.n_head, 4, 4 + 4) for weights in output.attentions)
+    torch.testing.assert_close(output.attentions[0].sum(-1), torch.ones(2, config.n_head, 4))
+
+
+def test_base_model_and_tuple_outputs():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=5)
+    base_output = model.transformer(ids)
+    assert isinstance(model.transformer, TxlModel)
+    assert base_output.last_hidden_state.shape == (2, 5, model.config.d_model)
+    as_tuple = model(ids, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], model(ids).logits)
+
+
+def test_sequence_classification_pools_the_last_non_padding_token():
+    config = tiny_config(num_labels=3, pad_token_id=1)
+    torch.manual_seed(0)
+    model = TxlForSequenceClassification(config).eval()
+    ids = torch.tensor([[5, 6, 7, 1, 1], [8, 9, 10, 11, 12]])
+    output = model(ids, labels=torch.tensor([0, 2]))
+    assert output.logits.shape == (2, 3) and output.loss.ndim == 0 and math.isfinite(output.loss.item())
+    alone = model(ids[:1, :3]).logits
+    torch.testing.assert_close(output.logits[0], alone[0], rtol=0, atol=1e-5)
+
+
+def test_sequence_classification_needs_a_pad_token_for_batches():
+    model = TxlForSequenceClassification(tiny_config(num_labels=2)).eval()
+    with pytest.raises(ValueError, match="pad_token_id"):
+        model(covering_ids(97, batch=2, length=4))
+
+
+def test_output_layers_and_projections_are_tied_as_configured():
+    model = tiny_lm(tie_projs=[False, True, False])
+    embedding, softmax = model.transformer.word_embeddings, model.adaptive_softmax
+    for cluster in range(3):
+        assert softmax.output_layers[cluster].weight is embedding.embeddings[cluster].weight
+    assert softmax.output_projections[1] is embedding.projections[1]
+    assert softmax.output_projections[0] is not embedding.projections[0]
+    assert softmax.output_projections[2] is not embedding.projections[2]
+    untied = tiny_lm(tie_word_embeddings=False)
+    assert (
+        untied.adaptive_softmax.output_layers[0].weight is not untied.transformer.word_embeddings.embeddings[0].weight
+    )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_save_and_load_round_trip(tmp_path, variant):
+    model = tiny_lm(**VARIANTS[variant])
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is TxlForCausalLM
+    ids = covering_ids(model.config.vocab_size, batch=2, length=6)
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    for target, source in model._tied_weights_keys.items():
+        assert reloaded.get_parameter(target) is reloaded.get_parameter(source)
+
+
+def test_weights_only_false_is_refused(tmp_path):
+    tiny_lm().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="weights_only=False is refused"):
+        TxlForCausalLM.from_pretrained(tmp_path, weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Errors at the boundary
+
+
+def test_bad_inputs_get_clear_errors():
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=5)
+    with pytest.raises(ValueError, match=r"token id 97, outside the vocabulary \[0, 97\)"):
+        model(torch.tensor([[1, 97]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="must be \\[batch, seq_len\\]"):
+        model(ids[0])
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        model(ids[:, :0])
+    with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
+        model()
+    with pytest.raises(TypeError, match="past_key_values must be a TxlMemory"):
+        model(ids, past_key_values=[torch.zeros(3, 2, 32)])
+    memory = model(ids).past_key_values
+    with pytest.raises(ValueError, match="The memory holds batch 2"):
+        model(ids[:1], past_key_values=memory)
+    with pytest.raises(ValueError, match="labels must have the input's shape"):
+        model(ids, labels=ids[:, :3])
+    with pytest.raises(ValueError, match=r"either labels .* or shift_labels"):
+        model(ids, labels=ids, shift_labels=ids)
+    with pytest.raises(TypeError, match="`mems` is transformers v4's name"):
+        model(ids, mems=memory.to_legacy())
+    with pytest.raises(TypeError, match=r"Unexpected arguments .*\['head_mask'\]"):
+        model.transformer(ids, head_mask=torch.ones(4))

@@ -1,0 +1,76 @@
+"""A saved model loads with plain transformers (trust_remote_code=True) in a process where this package is absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from tests.utils import tiny_lm
+
+# Runs in a fresh interpreter: importing the package (or its modules) must fail there, so only the files that
+# save_pretrained copied next to the weights can define the model.
+LOADER = textwrap.dedent(
+    """
+    import json, sys
+    for name in ("transfoxl", "configuration_txl", "modeling_txl"):
+        sys.modules[name] = None  # `import transfoxl` now raises ImportError
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    folder, ids = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    with torch.no_grad():
+        first = model(ids[:, :4])
+        second = model(ids[:, 4:], past_key_values=first.past_key_values)
+    generated = model.generate(ids[:1, :3], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    base = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    print(json.dumps({
+        "logits": torch.cat([first.logits, second.logits], 1).tolist(),
+        "generated": generated.tolist(),
+        "config": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__name__,
+        "base": type(base).__name__,
+    }))
+    """
+)
+
+
+def test_saved_model_loads_with_remote_code_in_a_fresh_process(tmp_path):
+    model = tiny_lm(untie_r=False)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    saved = {path.name for path in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "configuration_txl.py", "modeling_txl.py"} <= saved
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoConfig"] == "configuration_txl.TxlConfig"
+    assert auto_map["AutoModelForCausalLM"] == "modeling_txl.TxlForCausalLM"
+    assert auto_map["AutoModel"] == "modeling_txl.TxlModel"
+    assert auto_map["AutoModelForSequenceClassification"] == "modeling_txl.TxlForSequenceClassification"
+
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, str(folder), json.dumps(ids.tolist())],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = json.loads(result.stdout.strip().splitlines()[-1])
+
+    with torch.no_grad():
+        first = model(ids[:, :4])
+        second = model(ids[:, 4:], past_key_values=first.past_key_values)
+    expected = torch.cat([first.logits, second.logits], 1)
+    torch.testing.assert_close(torch.tensor(remote["logits"]), expected, rtol=0, atol=0)
+    generated = model.generate(ids[:1, :3], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert remote["generated"] == generated.tolist()
+    assert remote["config"] == "TxlConfig" and remote["base"] == "TxlModel"

@@ -1,0 +1,40 @@
+"""Tiny seeded configs and models for the tests (CPU, float32, seconds)."""
+
+from __future__ import annotations
+
+import torch
+
+import transfoxl  # noqa: F401  (registers the Auto classes)
+from transfoxl import TxlConfig, TxlForCausalLM
+
+
+def tiny_config(**overrides) -> TxlConfig:
+    """A 2-layer model with an adaptive embedding/softmax of three clusters; dropout off unless overridden."""
+    values = dict(
+        vocab_size=97,
+        cutoffs=[20, 50],
+        div_val=2,
+        d_model=32,
+        d_embed=32,
+        n_head=4,
+        d_head=8,
+        d_inner=64,
+        n_layer=2,
+        mem_len=8,
+        clamp_len=-1,
+        same_length=False,
+        dropout=0.0,
+        dropatt=0.0,
+    )
+    values.update(overrides)
+    return TxlConfig(**values)
+
+
+def tiny_lm(seed: int = 0, **overrides) -> TxlForCausalLM:
+    """A seeded tiny LM in eval mode, with every parameter perturbed so that no bias or cluster weight is zero."""
+    torch.manual_seed(seed)
+    model = TxlForCausalLM(tiny_config(**overrides))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model.eval()
