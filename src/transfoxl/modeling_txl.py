@@ -56,7 +56,13 @@ logger = logging.get_logger(__name__)
 
 
 class TxlMemoryLayer(CacheLayerMixin):
-    """The memory of one layer: the last `mem_len` hidden states that entered the layer, `[B, M, E]`, detached."""
+    """The memory of one layer: the last `mem_len` hidden states that entered the layer, `[B, M, E]`, detached.
+
+    During inference (eval mode, no grad) it also keeps the layer's projected keys and values of those positions,
+    `keys` / `values` `[B, H, M, D]`, so that decoding one token does not project the whole memory again. They are
+    tagged with the version of the weights that made them and ignored (recomputed from `hidden`) once the weights
+    change or when gradients are wanted.
+    """
 
     is_compileable = False
     is_croppable = False  # states that fell off the front of the memory cannot be brought back
@@ -66,13 +72,25 @@ class TxlMemoryLayer(CacheLayerMixin):
         super().__init__()
         self.mem_len = mem_len
         self.hidden: torch.Tensor | None = None  # [B, M, E]; None while the memory is empty
+        self.projection_version: tuple | None = None  # what made `keys` / `values`, when they are set
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def update(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | None:
-        """Append `hidden_states` `[B, Q, E]` (this layer's input for a segment); keep the last `mem_len` positions."""
+    def update(
+        self,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        projection_version: tuple | None = None,
+        **kwargs,
+    ) -> torch.Tensor | None:
+        """Append one segment and keep the last `mem_len` positions.
+
+        hidden_states `[B, Q, E]` is this layer's input for the segment. keys / values `[B, H, M + Q, D]`, when given,
+        are the layer's projections of the memory *and* the segment, made by weights `projection_version`.
+        """
         if not self.is_initialized:
             self.lazy_initialization(hidden_states)
         if self.mem_len == 0:  # note x[:, -0:] would keep everything
@@ -82,7 +100,18 @@ class TxlMemoryLayer(CacheLayerMixin):
         if self.hidden is not None:
             hidden_states = torch.cat([self.hidden.to(hidden_states.dtype), hidden_states], dim=1)  # [B, M + Q, E]
         self.hidden = hidden_states[:, -self.mem_len :]
+        if keys is None:
+            self.keys = self.values = self.projection_version = None
+        else:
+            self.keys, self.values = keys[:, :, -self.mem_len :].detach(), values[:, :, -self.mem_len :].detach()
+            self.projection_version = projection_version
         return self.hidden
+
+    def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cached keys and values `[B, H, M, D]` if they were made by weights `projection_version`, else None."""
+        if self.keys is None or self.projection_version != projection_version:
+            return None
+        return self.keys, self.values
 
     def get_seq_length(self) -> int:
         return 0 if self.hidden is None else self.hidden.shape[1]
@@ -95,19 +124,22 @@ class TxlMemoryLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         """Forget everything: the next segment starts a new stream."""
-        self.hidden = None
+        self.hidden = self.keys = self.values = self.projection_version = None
+
+    def _apply(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply a batch operation to every tensor held."""
+        self.hidden = None if self.hidden is None else function(self.hidden)
+        self.keys = None if self.keys is None else function(self.keys)
+        self.values = None if self.values is None else function(self.values)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.hidden is not None:
-            self.hidden = self.hidden.index_select(0, beam_idx.to(self.hidden.device))
+        self._apply(lambda tensor: tensor.index_select(0, beam_idx.to(tensor.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.hidden is not None:
-            self.hidden = self.hidden.repeat_interleave(repeats, dim=0)
+        self._apply(lambda tensor: tensor.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.hidden is not None:
-            self.hidden = self.hidden[indices]
+        self._apply(lambda tensor: tensor[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove != 0:
@@ -117,12 +149,11 @@ class TxlMemoryLayer(CacheLayerMixin):
             )
 
     def offload(self) -> None:
-        if self.hidden is not None:
-            self.hidden = self.hidden.to("cpu", non_blocking=True)
+        self._apply(lambda tensor: tensor.to("cpu", non_blocking=True))
 
     def prefetch(self) -> None:
         if self.hidden is not None and self.hidden.device != self.device:
-            self.hidden = self.hidden.to(self.device, non_blocking=True)
+            self._apply(lambda tensor: tensor.to(self.device, non_blocking=True))
 
     @property
     def batch_size(self) -> int:
@@ -133,14 +164,20 @@ class TxlMemory(Cache):
     """Transformer-XL memory, passed to the model as `past_key_values` and returned in its output.
 
     Contract:
-    - It stores, per layer, the hidden states that *entered* that layer during the latest `mem_len` positions of the
-      stream: `memory.layers[i].hidden` is `[B, M, E]` with `M <= mem_len` (or `None` while empty). It does not store
-      keys or values: every forward projects the memory again with the layer's current weights, as in the paper.
+    - Per layer it stores the hidden states that *entered* that layer over the latest positions of the stream:
+      `memory.layers[i].hidden` is `[B, M, E]` with `M <= mem_len` (or `None` while empty). Training and the paper use
+      only these: each forward projects them again with the layer's current weights. In inference (eval mode, no grad)
+      the layers also keep their projected keys and values `[B, H, M, D]`, so decoding a token costs O(M) attention
+      instead of re-projecting the memory; the outputs are the same.
+    - `padding` `[B, M]` (bool, True = the position was padding, or `None` when nothing was ever padded) is shared by
+      the layers; padded positions are never attended to, in the segment or later from the memory.
     - Everything it holds is detached: gradients never flow into earlier segments (truncated back-propagation).
-    - A forward with `use_cache=True` updates it in place and returns the same object: after a segment of Q tokens
-      the memory holds the last `min(M + Q, mem_len)` positions. Old states fall off the front and cannot be
-      restored, so `crop` refuses to remove anything.
-    - An empty memory (`M = 0`) starts a new stream; `reset()` empties it.
+    - A forward with `use_cache=True` (and `generate()`) updates it **in place** and returns the same object: after a
+      segment of Q tokens it holds the last `min(M + Q, mem_len)` positions. Older states fall off the front and cannot
+      come back, so `crop` refuses to remove anything.
+    - An empty memory (`M = 0`) starts a new stream; `reset()` empties it. `mem_len = 0` keeps nothing.
+    - Batch operations for generation (`reorder_cache` for beam search, `batch_repeat_interleave`,
+      `batch_select_indices`) apply to every tensor it holds.
 
     `TxlMemory.from_legacy(mems)` and `to_legacy()` convert to and from transformers v4's `mems`
     (a list of `[M, B, E]` tensors, one per layer).
@@ -151,20 +188,24 @@ class TxlMemory(Cache):
             raise ValueError(f"TxlMemory needs num_layers >= 1 and mem_len >= 0, got {num_layers} and {mem_len}.")
         super().__init__(layers=[TxlMemoryLayer(mem_len) for _ in range(num_layers)])
         self.mem_len = mem_len
+        self.padding: torch.Tensor | None = None  # [B, M] bool, True = padding
 
     @classmethod
-    def from_config(cls, config: TxlConfig) -> TxlMemory:
-        return cls(num_layers=config.n_layer, mem_len=config.mem_len)
+    def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
+        """An empty memory for `config`'s layers, `mem_len` positions long (default: `config.mem_len`)."""
+        return cls(num_layers=config.n_layer, mem_len=config.mem_len if mem_len is None else mem_len)
 
     @classmethod
     def from_legacy(cls, mems: Sequence[torch.Tensor], mem_len: int | None = None) -> TxlMemory:
         """Build a memory from v4's `mems`: one `[M, B, E]` tensor per layer (sequence first)."""
         if not mems:
             raise ValueError("TxlMemory.from_legacy: `mems` is empty; pass one [M, B, E] tensor per layer.")
-        lengths = {mem.shape[0] for mem in mems}
-        if len(lengths) != 1 or any(mem.dim() != 3 for mem in mems):
-            raise ValueError(f"TxlMemory.from_legacy: every layer needs a [M, B, E] tensor of one M, got {lengths}.")
-        memory = cls(num_layers=len(mems), mem_len=lengths.pop() if mem_len is None else mem_len)
+        shapes = {tuple(mem.shape) for mem in mems}
+        if len(shapes) != 1 or any(mem.dim() != 3 for mem in mems):
+            raise ValueError(
+                f"TxlMemory.from_legacy: every layer needs a [M, B, E] tensor of one shape, got {shapes}."
+            )
+        memory = cls(num_layers=len(mems), mem_len=mems[0].shape[0] if mem_len is None else mem_len)
         for layer, mem in zip(memory.layers, mems):
             layer.update(mem.transpose(0, 1))  # [B, M, E]
         return memory
@@ -179,20 +220,47 @@ class TxlMemory(Cache):
         """The memory entering layer `layer_idx`, `[B, M, E]`, or `None` while empty."""
         return self.layers[layer_idx].hidden
 
-    def update_memory(self, layer_inputs: Sequence[torch.Tensor]) -> None:
-        """Append one segment: `layer_inputs[i]` `[B, Q, E]` is what entered layer i."""
-        if len(layer_inputs) != len(self.layers):
-            raise ValueError(f"TxlMemory has {len(self.layers)} layers, got inputs for {len(layer_inputs)}.")
-        for layer, hidden_states in zip(self.layers, layer_inputs):
-            layer.update(hidden_states)
+    def update_padding(
+        self, segment_padding: torch.Tensor | None, *, batch: int, q_len: int, memory_length: int
+    ) -> None:
+        """Append the padding flags `[B, Q]` of a segment (None: no padding) to those of the `memory_length`
+        positions held before it, and keep the last `mem_len`."""
+        if segment_padding is None and self.padding is None:
+            return
+        if self.mem_len == 0:
+            self.padding = None
+            return
+        device = (segment_padding if segment_padding is not None else self.padding).device
+        if segment_padding is None:
+            segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
+        previous = self.padding
+        if previous is None:
+            previous = torch.zeros(batch, memory_length, dtype=torch.bool, device=device)
+        self.padding = torch.cat([previous.to(device), segment_padding], dim=1)[:, -self.mem_len :]
+
+    def _apply_to_padding(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if self.padding is not None:
+            self.padding = function(self.padding)
+
+    def reset(self) -> None:
+        super().reset()
+        self.padding = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._apply_to_padding(lambda padding: padding.index_select(0, beam_idx.to(padding.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._apply_to_padding(lambda padding: padding.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._apply_to_padding(lambda padding: padding[indices])
 
     @property
     def batch_size(self) -> int:
         return self.layers[0].batch_size
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Positions, masks and the relative shift: built once per forward by the model, shared by every layer
 
 
 def sinusoid_positions(
@@ -324,24 +392,62 @@ class TxlRelativeAttention(nn.Module):
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
+        self._position_table: tuple[tuple, torch.Tensor] | None = None  # inference cache, see _relative_keys
+
+    def projection_version(self) -> tuple:
+        """Identifies the weights that turn the memory into keys and values; changes whenever they are modified."""
+        weights = [self.qkv_proj.weight]
+        if self.config.pre_lnorm:
+            weights += [self.layer_norm.weight, self.layer_norm.bias]
+        return tuple((weight.data_ptr(), weight._version) for weight in weights)
+
+    def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
+        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
+        k_len = positions.shape[0]
+        if self.training or torch.is_grad_enabled():
+            return self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
+        # Inference: the projected table depends only on the weights, so it is kept across calls instead of
+        # projecting all K distances again for every decoded token.
+        weight = self.pos_proj.weight
+        key = (weight.data_ptr(), weight._version, positions.dtype, positions.device)
+        if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[1] < k_len:
+            length = max(k_len, self.config.mem_len + 1)
+            table = sinusoid_positions(
+                length,
+                self.config.d_model,
+                clamp_len=self.config.clamp_len,
+                dtype=positions.dtype,
+                device=positions.device,
+            )
+            table = self.pos_proj(table).view(length, self.n_head, self.d_head).transpose(0, 1)  # [H, L, D]
+            self._position_table = (key, table)
+        table = self._position_table[1]
+        return table[:, table.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
     def forward(
         self,
         hidden_states: torch.Tensor,
         memory: torch.Tensor | None,
+        memory_projections: tuple[torch.Tensor, torch.Tensor] | None,
         positions: torch.Tensor,
         mask: torch.Tensor,
         content_bias: torch.Tensor,
         position_bias: torch.Tensor,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states `[B, Q, E]`, memory `[B, M, E]` or None, positions `[K, E]`, mask `[Q, K]` or `[B, 1, Q, K]`.
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Attend from the segment to `[memory; segment]`.
 
-        Returns the new hidden states `[B, Q, E]` and, with `output_attentions`, the probabilities `[B, H, Q, K]`.
+        hidden_states `[B, Q, E]`; memory `[B, M, E]` or None; memory_projections: the memory's keys and values
+        `[B, H, M, D]` if these weights already projected them (the memory is then not projected again);
+        positions `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden.
+        Returns the new hidden states `[B, Q, E]`, the probabilities `[B, H, Q, K]` (with `output_attentions`, else
+        None) and the keys and values of all K positions `[B, H, K, D]`, for the memory to keep during inference.
         """
         batch, q_len, _ = hidden_states.shape
-        context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)  # [B, K, E]
-        k_len = context.shape[1]
+        if memory_projections is None:
+            context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)  # [B, K, E]
+        else:
+            context = hidden_states  # [B, Q, E]: only the segment still needs keys and values
         if self.config.pre_lnorm:
             context = self.layer_norm(context)
 
@@ -349,9 +455,13 @@ class TxlRelativeAttention(nn.Module):
         inner = self.n_head * self.d_head
         query_weight, key_value_weight = self.qkv_proj.weight.split([inner, 2 * inner])
         query = F.linear(context[:, -q_len:], query_weight).view(batch, q_len, self.n_head, self.d_head)
-        key, value = F.linear(context, key_value_weight).view(batch, k_len, 2 * self.n_head, self.d_head).chunk(2, 2)
-        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, H, Q|K, D]
-        rel_key = self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)  # [H, K, D]
+        key_value = F.linear(context, key_value_weight).view(batch, context.shape[1], 2 * self.n_head, self.d_head)
+        key, value = key_value.transpose(1, 2).chunk(2, dim=1)  # [B, H, K or Q, D] each
+        query = query.transpose(1, 2)  # [B, H, Q, D]
+        if memory_projections is not None:
+            key = torch.cat([memory_projections[0], key], dim=2)  # [B, H, K, D]
+            value = torch.cat([memory_projections[1], value], dim=2)
+        rel_key = self._relative_keys(positions)  # [H, K, D]
 
         implementation = getattr(self.config, "_attn_implementation", None) or "eager"
         if output_attentions or implementation not in RELATIVE_ATTENTION_FUNCTIONS:
@@ -370,8 +480,8 @@ class TxlRelativeAttention(nn.Module):
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
         attn_output = self.dropout(self.o_proj(attn_output))  # [B, Q, E]
         if self.config.pre_lnorm:
-            return hidden_states + attn_output, attn_weights
-        return self.layer_norm(hidden_states + attn_output), attn_weights
+            return hidden_states + attn_output, attn_weights, (key, value)
+        return self.layer_norm(hidden_states + attn_output), attn_weights, (key, value)
 
 
 class TxlFeedForward(nn.Module):
@@ -406,16 +516,18 @@ class TxlLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         memory: torch.Tensor | None,
+        memory_projections: tuple[torch.Tensor, torch.Tensor] | None,
         positions: torch.Tensor,
         mask: torch.Tensor,
         content_bias: torch.Tensor,
         position_bias: torch.Tensor,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states, attn_weights = self.attention(
-            hidden_states, memory, positions, mask, content_bias, position_bias, output_attentions
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Same arguments and results as `TxlRelativeAttention.forward`, through the feed-forward sub-layer too."""
+        hidden_states, attn_weights, key_value = self.attention(
+            hidden_states, memory, memory_projections, positions, mask, content_bias, position_bias, output_attentions
         )
-        return self.ffn(hidden_states), attn_weights
+        return self.ffn(hidden_states), attn_weights, key_value
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -699,8 +811,25 @@ class TxlModel(TxlPreTrainedModel):
         elif self.config.memory_init == "zeros" and memory.mem_len > 0:
             # v4 behaviour: a new stream starts with mem_len zero vectors that the first segment attends to.
             zeros = hidden_states.new_zeros(batch, memory.mem_len, self.config.d_model)
-            memory.update_memory([zeros] * len(memory.layers))
+            for layer in memory.layers:
+                layer.update(zeros)
         return memory
+
+    @staticmethod
+    def _key_padding(
+        memory: TxlMemory | None, segment_padding: torch.Tensor | None, batch: int, q_len: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """`[B, K]` bool, True where a key (memory or segment) is padding; None when nothing is padded."""
+        memory_padding = None if memory is None else memory.padding
+        if memory_padding is None and segment_padding is None:
+            return None
+        if memory_padding is None:
+            memory_padding = torch.zeros(
+                batch, memory.get_seq_length() if memory else 0, dtype=torch.bool, device=device
+            )
+        if segment_padding is None:
+            segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
+        return torch.cat([memory_padding.to(device), segment_padding], dim=1)
 
     def forward(
         self,
@@ -721,7 +850,8 @@ class TxlModel(TxlPreTrainedModel):
             past_key_values (`TxlMemory`, *optional*):
                 The memory returned by the previous call for this stream. `None` starts a new stream.
             attention_mask (`torch.Tensor` of shape `(batch_size, seq_len)`, *optional*):
-                Accepted for the transformers API; must be all ones (padding is not supported yet).
+                1 for real tokens, 0 for padding. Padded positions are never attended to, now or later from the
+                memory (which remembers them).
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, seq_len, d_model)`, *optional*):
                 Embedded inputs instead of `input_ids`.
             use_cache (`bool`, *optional*, defaults to `config.use_cache`):
@@ -745,8 +875,15 @@ class TxlModel(TxlPreTrainedModel):
                 f"inputs_embeds must be [batch, seq_len, {self.config.d_model}], got {tuple(inputs_embeds.shape)}."
             )
         batch, q_len, _ = inputs_embeds.shape
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise NotImplementedError("Padding (an attention_mask with zeros) is not supported yet.")
+        segment_padding = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (batch, q_len):
+                raise ValueError(
+                    f"attention_mask must be [batch, seq_len] = {(batch, q_len)} like the input, got "
+                    f"{tuple(attention_mask.shape)}. The memory remembers its own padding: pass the mask of the new "
+                    "tokens only."
+                )
+            segment_padding = attention_mask.to(inputs_embeds.device) == 0  # [B, Q]
 
         memory = self._prepare_memory(past_key_values, batch, inputs_embeds, use_cache)
         mem_len_now = 0 if memory is None else memory.get_seq_length()
@@ -760,6 +897,9 @@ class TxlModel(TxlPreTrainedModel):
             max_mem_len=self.config.mem_len,
             device=inputs_embeds.device,
         )  # [Q, K]
+        key_padding = self._key_padding(memory, segment_padding, batch, q_len, inputs_embeds.device)  # [B, K]
+        if key_padding is not None:
+            mask = mask | key_padding[:, None, None, :]  # [B, 1, Q, K]
         positions = sinusoid_positions(
             k_len,
             self.config.d_model,
@@ -770,15 +910,27 @@ class TxlModel(TxlPreTrainedModel):
         positions = self.dropout(positions)
         hidden_states = self.dropout(inputs_embeds)
 
+        # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.
+        keep_projections = use_cache and not self.training and not torch.is_grad_enabled()
+        if use_cache:
+            memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
         layer_inputs, attentions = [], []
-        for layer_idx, layer in enumerate(self.layers):
+        for layer, memory_layer in zip(
+            self.layers, memory.layers if memory is not None else [None] * len(self.layers)
+        ):
             layer_inputs.append(hidden_states)
             attention = layer.attention
             content_bias = attention.content_bias if self.config.untie_r else self.content_bias
             position_bias = attention.position_bias if self.config.untie_r else self.position_bias
-            hidden_states, attn_weights = layer(
-                hidden_states,
-                None if memory is None else memory.get_memory(layer_idx),
+            memory_hidden = None if memory_layer is None else memory_layer.hidden
+            version = attention.projection_version() if keep_projections else None
+            memory_projections = None
+            if keep_projections and memory_hidden is not None:
+                memory_projections = memory_layer.projections(version)
+            hidden_states, attn_weights, (key, value) = layer(
+                layer_inputs[-1],
+                memory_hidden,
+                memory_projections,
                 positions,
                 mask,
                 content_bias,
@@ -786,10 +938,13 @@ class TxlModel(TxlPreTrainedModel):
                 output_attentions,
             )
             attentions.append(attn_weights)
+            if use_cache:  # after the layer has read its memory; outside the layer for gradient checkpointing
+                if keep_projections:
+                    memory_layer.update(layer_inputs[-1], key, value, version)
+                else:
+                    memory_layer.update(layer_inputs[-1])
         hidden_states = self.dropout(hidden_states)
 
-        if use_cache:
-            memory.update_memory(layer_inputs)
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
             past_key_values=memory if use_cache else None,
@@ -933,12 +1088,34 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             raise ValueError("Every target is -100 (ignored): there is nothing to compute a loss on.")
         return losses.sum() / n_targets
 
-    # generate() support: the memory replaces the KV cache.
+    # generate() support: the memory replaces the KV cache. Conventions (see README, "Generation with memories"):
+    # input_ids holds only tokens that are not in the memory yet; the memory passed in is updated in place and, after
+    # generate() returns, holds everything except the last generated token.
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
             model_kwargs["past_key_values"] = TxlMemory.from_config(self.config)
         else:
             super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def _prefill(self, input_ids, generation_config, model_kwargs: dict, is_first_iteration: bool = True):
+        memory = model_kwargs.get("past_key_values")
+        if generation_config.prefill_chunk_size is None or memory is None or memory.get_seq_length() == 0:
+            return super()._prefill(input_ids, generation_config, model_kwargs, is_first_iteration)
+        # transformers' chunked prefill skips get_seq_length() tokens of input_ids, taking them for tokens already
+        # cached; the XL memory holds earlier text that input_ids does not repeat, so every token is fed here.
+        attention_mask = model_kwargs.get("attention_mask")
+        outputs = None
+        for start in range(0, input_ids.shape[1], generation_config.prefill_chunk_size):
+            end = start + generation_config.prefill_chunk_size
+            chunk_kwargs = {**model_kwargs, "past_key_values": memory}
+            if attention_mask is not None:
+                chunk_kwargs["attention_mask"] = attention_mask[:, start:end]
+            model_inputs = self.prepare_inputs_for_generation(
+                input_ids[:, start:end], is_first_iteration=is_first_iteration, **chunk_kwargs
+            )
+            outputs = self(**model_inputs, return_dict=True)
+            memory = outputs.past_key_values
+        return outputs
 
     def prepare_inputs_for_generation(
         self,
@@ -950,11 +1127,23 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         next_sequence_length: int | None = None,
         **kwargs,
     ) -> dict:
-        # The memory length says nothing about how many tokens were consumed, so the default slicing (by
+        # The memory length says nothing about how many of input_ids were consumed, so the default slicing (by
         # get_seq_length) is wrong here: the first call feeds every token given, later calls the newest one.
         if not is_first_iteration and use_cache and past_key_values is not None:
             input_ids = input_ids[:, -1:]
+        elif past_key_values is not None and past_key_values.get_seq_length() > 0:
+            # generate() repeats the inputs for beams / return sequences but not a memory passed by the caller.
+            memory_batch, batch = past_key_values.batch_size, input_ids.shape[0]
+            if memory_batch != batch:
+                if batch % memory_batch != 0:
+                    raise ValueError(
+                        f"The memory holds {memory_batch} streams but generate() got {batch} sequences; pass one "
+                        "prompt per stream of the memory."
+                    )
+                past_key_values.batch_repeat_interleave(batch // memory_batch)
         model_inputs = {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache}
+        if attention_mask is not None:  # the memory remembers earlier padding: pass the new tokens' columns only
+            model_inputs["attention_mask"] = attention_mask[:, -input_ids.shape[1] :]
         if "logits_to_keep" in kwargs:
             model_inputs["logits_to_keep"] = kwargs["logits_to_keep"]
         return model_inputs

@@ -1,0 +1,208 @@
+"""generate() with memories: decoding equals recomputation, continuation, batching with padding, beams, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
+
+from tests.utils import tiny_lm
+from transfoxl import TxlForCausalLM, TxlMemory
+
+VARIANTS = {
+    "post_ln": {},
+    "pre_ln_shared_r": {"pre_lnorm": True, "untie_r": False},
+    "same_length_clamped": {"same_length": True, "clamp_len": 3},
+    "no_cutoffs_projected": {"cutoffs": [], "div_val": 1, "d_embed": 24, "tie_projs": [True]},
+}
+GREEDY = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+
+
+def ids(batch: int, length: int, seed: int = 0, low: int = 0) -> torch.Tensor:
+    return torch.randint(low, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy_without_cache(model: TxlForCausalLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Reference: recompute the whole sequence for every new token (no memory at all)."""
+    sequence = prompt
+    for _ in range(new_tokens):
+        next_token = model(sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat([sequence, next_token], dim=1)
+    return sequence
+
+
+def greedy_segment_wise(model: TxlForCausalLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Reference with memory truncation: one token per forward, memory of hidden states re-projected every step."""
+    sequence, memory = prompt, None
+    with torch.enable_grad():  # gradients on: the memory keeps no projections, so each step re-projects it
+        for step in range(new_tokens):
+            inputs = sequence if step == 0 else sequence[:, -1:]
+            output = model(inputs, past_key_values=memory)
+            memory = output.past_key_values
+            sequence = torch.cat([sequence, output.logits[:, -1].argmax(-1, keepdim=True).detach()], dim=1)
+    return sequence
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_projections_give_the_same_outputs_as_reprojecting_the_memory(variant):
+    model = tiny_lm(**VARIANTS[variant], mem_len=5)
+    stream = ids(2, 14)
+    memories = {"cached": None, "reprojected": None}
+    for position in range(0, 14, 2):  # 2 tokens a step: the memory fills, then truncates
+        segment = stream[:, position : position + 2]
+        with torch.no_grad():
+            cached = model(segment, past_key_values=memories["cached"])
+        reprojected = model(segment, past_key_values=memories["reprojected"])
+        memories = {"cached": cached.past_key_values, "reprojected": reprojected.past_key_values}
+        assert memories["cached"].layers[0].keys is not None and memories["reprojected"].layers[0].keys is None
+        torch.testing.assert_close(cached.logits, reprojected.logits.detach(), rtol=0, atol=1e-5)
+
+
+def test_cached_projections_are_dropped_when_the_weights_change():
+    model = tiny_lm(mem_len=8)
+    with torch.no_grad():
+        with_projections = model(ids(1, 6)).past_key_values
+    hidden_only = model(ids(1, 6)).past_key_values  # same hidden states, no projections (gradients on)
+    with torch.no_grad():
+        model.transformer.layers[0].attention.qkv_proj.weight.mul_(1.5)  # in place, as an optimizer step
+        after_change = model(ids(1, 2, seed=1), past_key_values=with_projections).logits
+    reference = model(ids(1, 2, seed=1), past_key_values=hidden_only).logits.detach()
+    torch.testing.assert_close(after_change, reference, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_generation_equals_full_recomputation(variant):
+    model = tiny_lm(**VARIANTS[variant], mem_len=64)
+    prompt = ids(2, 7)
+    generated = model.generate(prompt, max_new_tokens=10, **GREEDY)
+    assert torch.equal(generated, greedy_without_cache(model, prompt, 10))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_generation_with_memory_truncation_equals_the_segment_wise_reference(variant):
+    model = tiny_lm(**VARIANTS[variant], mem_len=6)
+    prompt = ids(2, 9)
+    memory = TxlMemory.from_config(model.config)
+    generated = model.generate(prompt, past_key_values=memory, max_new_tokens=12, **GREEDY)
+    assert torch.equal(generated, greedy_segment_wise(model, prompt, 12))
+    assert memory.get_seq_length() == 6  # bounded whatever the length generated
+
+
+def test_sampling_and_beam_search_equal_the_no_cache_reference():
+    model = tiny_lm(mem_len=64)
+    prompt = ids(2, 5)
+    results = {}
+    for use_cache in (True, False):
+        torch.manual_seed(123)
+        sampled = model.generate(
+            prompt, do_sample=True, top_k=10, top_p=0.9, temperature=1.3, max_new_tokens=8, use_cache=use_cache,
+            num_return_sequences=2, pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+        beams = model.generate(
+            prompt, num_beams=3, num_return_sequences=2, max_new_tokens=8, use_cache=use_cache, **GREEDY
+        )
+        results[use_cache] = (sampled, beams)
+    assert torch.equal(results[True][0], results[False][0])
+    assert torch.equal(results[True][1], results[False][1])
+
+
+@pytest.mark.parametrize("prefill_chunk_size", [None, 4])
+def test_continuation_from_a_memory_equals_recomputing_everything(prefill_chunk_size):
+    model = tiny_lm(mem_len=64)
+    prefix, prompt = ids(2, 21, seed=1), ids(2, 6, seed=2)
+    memory = None
+    for segment in prefix.split(8, dim=1):
+        memory = model(segment, past_key_values=memory).past_key_values
+    generated = model.generate(
+        prompt, past_key_values=memory, max_new_tokens=9, prefill_chunk_size=prefill_chunk_size, **GREEDY
+    )
+    expected = greedy_without_cache(model, torch.cat([prefix, prompt], dim=1), 9)[:, 21:]
+    assert torch.equal(generated, expected)
+    # in place; everything but the last generated token
+    assert memory.get_seq_length() == 21 + 6 + 9 - 1
+
+
+def test_beam_search_from_a_memory_expands_it():
+    model = tiny_lm(mem_len=64)
+    prefix, prompt = ids(1, 12, seed=1), ids(1, 4, seed=2)
+    memory = model(prefix).past_key_values
+    generated = model.generate(prompt, past_key_values=memory, num_beams=3, max_new_tokens=6, **GREEDY)
+    reference = model.generate(
+        torch.cat([prefix, prompt], dim=1), num_beams=3, max_new_tokens=6, use_cache=False, **GREEDY
+    )
+    assert torch.equal(generated, reference[:, 12:])
+    assert memory.batch_size == 3  # the running beams
+
+
+def test_prefill_in_chunks_equals_one_prefill():
+    model = tiny_lm(mem_len=64)
+    prompt = ids(2, 19)
+    whole = model.generate(prompt, max_new_tokens=6, **GREEDY)
+    assert torch.equal(model.generate(prompt, max_new_tokens=6, prefill_chunk_size=5, **GREEDY), whole)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("mem_len", [64, 5])
+def test_left_padded_batch_generates_what_each_prompt_generates_alone(variant, mem_len):
+    model = tiny_lm(**VARIANTS[variant], mem_len=mem_len)
+    prompts = [ids(1, 7, seed=3, low=1)[0], ids(1, 3, seed=4, low=1)[0], ids(1, 1, seed=5, low=1)[0]]
+    longest = max(len(prompt) for prompt in prompts)
+    batch = torch.stack([torch.cat([torch.zeros(longest - len(p), dtype=torch.long), p]) for p in prompts])
+    attention_mask = torch.stack([torch.cat([torch.zeros(longest - len(p)), torch.ones(len(p))]) for p in prompts])
+    generated = model.generate(batch, attention_mask=attention_mask.long(), max_new_tokens=10, **GREEDY)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(prompt[None], max_new_tokens=10, **GREEDY)
+        assert torch.equal(generated[row, longest:], alone[0, len(prompt) :]), row
+
+
+def test_padding_in_the_memory_is_never_attended():
+    model = tiny_lm(mem_len=16)
+    real = ids(1, 5, seed=7, low=1)
+    padded = torch.cat([torch.full((1, 4), 3), real], dim=1)
+    memory = model(padded, attention_mask=torch.tensor([[0] * 4 + [1] * 5])).past_key_values
+    assert memory.padding.tolist() == [[True] * 4 + [False] * 5]
+    follow = ids(1, 3, seed=8)
+    with_padding = model(follow, past_key_values=memory).logits
+    without = model(follow, past_key_values=model(real).past_key_values).logits
+    torch.testing.assert_close(with_padding, without, rtol=0, atol=1e-5)
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the tiny model's vocabulary: <pad> <unk> <eos> w3 ... w96."""
+    vocab = {"<pad>": 0, "<unk>": 1, "<eos>": 2, **{f"w{index}": index for index in range(3, 97)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+
+
+def test_streamers_and_the_text_generation_pipeline():
+    model, tokenizer = tiny_lm(mem_len=32), word_tokenizer()
+    prompt = tokenizer("w5 w17 w60 w33", return_tensors="pt")
+    assert prompt["input_ids"].tolist() == [[5, 17, 60, 33]]
+    generated = model.generate(**prompt, max_new_tokens=5, **GREEDY)
+    new_words = tokenizer.decode(generated[0, 4:])
+
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True)
+    model.generate(**prompt, max_new_tokens=5, streamer=streamer, **GREEDY)
+    assert "".join(streamer).split() == new_words.split()
+
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    output = generator("w5 w17 w60 w33", max_new_tokens=5, return_full_text=False, **GREEDY)
+    assert output[0]["generated_text"].split() == [word for word in new_words.split() if word != "<eos>"]
+
+
+def test_a_mismatched_memory_gets_a_clear_error():
+    model = tiny_lm(mem_len=8)
+    memory = model(ids(3, 4)).past_key_values
+    with pytest.raises(ValueError, match="The memory holds 3 streams but generate\\(\\) got 2 sequences"):
+        model.generate(ids(2, 4), past_key_values=memory, max_new_tokens=2, **GREEDY)
+    with pytest.raises(ValueError, match="The memory has 2 layers; this model has 3"):
+        tiny_lm(n_layer=3)(ids(3, 4), past_key_values=memory)
+    with pytest.raises(ValueError, match="width 32; the input needs batch 3 x width 48"):
+        tiny_lm(d_model=48)(ids(3, 4), past_key_values=memory)
+    with pytest.raises(ValueError, match="attention_mask must be \\[batch, seq_len\\]"):
+        model(ids(3, 4), attention_mask=torch.ones(3, 9))
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        memory.crop(-1)
