@@ -21,6 +21,7 @@ from .modeling_txl import (
     TxlModel,
     TxlPreTrainedModel,
 )
+from .streaming import TxlStream
 
 __version__ = "0.1.0"
 
@@ -54,5 +55,6 @@ __all__ = [
     "TxlMemory",
     "TxlModel",
     "TxlPreTrainedModel",
+    "TxlStream",
     "__version__",
 ]

@@ -1,0 +1,152 @@
+"""`TxlStream`: one Transformer-XL memory kept over a text of any length, fed in segments, generated from, fed again.
+
+The loop it packages (and the off-by-one it hides): `model.generate(new_tokens, past_key_values=memory)` feeds
+`new_tokens` to the memory and generates, but the last generated token has not been through the model yet when
+generate() returns. The stream keeps such tokens as `pending` and feeds them first next time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from .modeling_txl import TxlForCausalLM, TxlMemory
+
+
+class TxlStream:
+    """A memory over a stream of tokens (or `batch_size` parallel streams).
+
+    Example:
+        >>> stream = TxlStream(model, segment_len=128, progress=True)
+        >>> stream.feed(tokenizer(book, return_tensors="pt").input_ids)   # any length, in segments of 128
+        >>> new_ids = stream.generate(max_new_tokens=50, do_sample=True, top_p=0.9)   # continues the book
+        >>> stream.feed(tokenizer(" And then", return_tensors="pt").input_ids)        # the story goes on
+        >>> more_ids = stream.generate(max_new_tokens=50)
+
+    Memory stays bounded whatever the length fed or generated: the model's memory keeps `mem_len` positions and
+    at most `segment_len` tokens wait in `pending`. Feeding runs in `torch.no_grad()` with the model in eval mode.
+
+    Args:
+        model: a `TxlForCausalLM`.
+        batch_size: number of parallel streams; `feed` then takes `[batch_size, T]` tensors.
+        segment_len: tokens per forward when feeding (default: `config.tgt_len`, else `mem_len`, else 128).
+        mem_len: memory length (default: `config.mem_len`); evaluation often uses a longer one than training.
+        progress: show a progress bar while feeding.
+    """
+
+    def __init__(
+        self,
+        model: TxlForCausalLM,
+        *,
+        batch_size: int = 1,
+        segment_len: int | None = None,
+        mem_len: int | None = None,
+        progress: bool = False,
+    ) -> None:
+        config = model.config
+        segment_len = segment_len or getattr(config, "tgt_len", None) or config.mem_len or 128
+        if batch_size < 1 or segment_len < 1:
+            raise ValueError(f"TxlStream needs batch_size >= 1 and segment_len >= 1, got {batch_size}, {segment_len}.")
+        self.model, self.batch_size, self.segment_len, self.progress = model, batch_size, segment_len, progress
+        self.memory = TxlMemory.from_config(config, mem_len)
+        self.device = next(model.parameters()).device
+        self.pending = torch.empty(batch_size, 0, dtype=torch.long, device=self.device)  # fed, not yet run
+        self.tokens_seen = 0  # per stream, pending included
+
+    def reset(self) -> None:
+        """Start over: empty memory, nothing pending."""
+        self.memory.reset()
+        self.pending = self.pending[:, :0]
+        self.tokens_seen = 0
+
+    def feed(self, tokens: torch.Tensor | Iterable[int] | Iterable[torch.Tensor]) -> TxlStream:
+        """Append tokens to the stream: a `[T]` or `[batch_size, T]` tensor, a list of ids, or an iterator of ids or
+        of such tensors (read lazily, so a text larger than memory can be streamed). Returns the stream."""
+        chunks = self._chunks(tokens)
+        bar = tqdm(desc="feeding", unit="tok", disable=not self.progress, total=self._length_hint(tokens))
+        with bar:
+            for chunk in chunks:
+                self.pending = torch.cat([self.pending, chunk], dim=1)
+                self.tokens_seen += chunk.shape[1]
+                bar.update(chunk.shape[1])
+                self._run_full_segments()
+        return self
+
+    def generate(self, prompt: torch.Tensor | Iterable[int] | None = None, **generate_kwargs) -> torch.Tensor:
+        """Feed `prompt` (optional), generate from everything seen, and return the new tokens `[batch_size, n]`.
+
+        The generated tokens become part of the stream. `generate_kwargs` go to `model.generate` (max_new_tokens,
+        do_sample, top_k, top_p, temperature, num_beams, streamer, stopping criteria, ...). With beam search, the best
+        sequence of each stream is what the stream continues with.
+        """
+        if prompt is not None:
+            self.feed(prompt)
+        if self.pending.shape[1] == 0:
+            raise ValueError("TxlStream.generate: nothing to continue from; feed at least one token first.")
+        if generate_kwargs.get("num_return_sequences", 1) != 1:
+            raise ValueError("TxlStream.generate returns one continuation per stream: num_return_sequences must be 1.")
+        for name in ("input_ids", "past_key_values", "attention_mask"):
+            if name in generate_kwargs:
+                raise ValueError(f"TxlStream.generate manages `{name}` itself; pass the prompt as `prompt`.")
+        self.model.eval()
+        in_place = generate_kwargs.get("num_beams", 1) == 1
+        # Beam search leaves the memory holding its running beams, so it works on a copy and the stream then feeds
+        # the chosen tokens into its own memory.
+        memory = self.memory if in_place else copy.deepcopy(self.memory)
+        prompt_len = self.pending.shape[1]
+        output = self.model.generate(self.pending, past_key_values=memory, **generate_kwargs)
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        new_tokens = sequences[:, prompt_len:]
+        if in_place:
+            self.pending = sequences[:, -1:]  # generate() did not run the last token through the model
+            self.tokens_seen += new_tokens.shape[1]
+        else:
+            self.feed(new_tokens)
+        return new_tokens
+
+    # -----------------------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _run_full_segments(self) -> None:
+        """Run segments while more than `segment_len` tokens wait, keeping at least one back for generate()."""
+        self.model.eval()
+        while self.pending.shape[1] > self.segment_len:
+            segment, self.pending = self.pending[:, : self.segment_len], self.pending[:, self.segment_len :]
+            self.model(segment, past_key_values=self.memory, use_cache=True, return_logits=False)
+
+    def _chunks(self, tokens: torch.Tensor | Iterable) -> Iterator[torch.Tensor]:
+        """`[batch_size, n]` long tensors on the model's device, from any of the accepted inputs."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = [tokens]
+        buffer: list[int] = []
+        for item in tokens:
+            if isinstance(item, int):  # an iterator of single ids: group them to avoid one forward per id
+                buffer.append(item)
+                if len(buffer) == self.segment_len:
+                    yield self._as_batch(torch.tensor(buffer))
+                    buffer = []
+                continue
+            yield self._as_batch(torch.as_tensor(item))
+        if buffer:
+            yield self._as_batch(torch.tensor(buffer))
+
+    def _as_batch(self, chunk: torch.Tensor) -> torch.Tensor:
+        if chunk.dim() == 1:
+            chunk = chunk[None]
+        if chunk.dim() != 2 or chunk.shape[0] != self.batch_size:
+            raise ValueError(
+                f"TxlStream.feed: expected ids of shape [T] or [{self.batch_size}, T] (one row per stream), got "
+                f"{tuple(chunk.shape)}."
+            )
+        if chunk.is_floating_point():
+            raise ValueError(f"TxlStream.feed: token ids must be integers, got dtype {chunk.dtype}.")
+        return chunk.to(self.device, torch.long)
+
+    @staticmethod
+    def _length_hint(tokens: object) -> int | None:
+        if isinstance(tokens, torch.Tensor):
+            return tokens.shape[-1]
+        return len(tokens) if isinstance(tokens, (list, tuple)) and all(isinstance(t, int) for t in tokens) else None
