@@ -37,6 +37,11 @@ V4_DEFAULTS = {  # transformers 4.37.2 TransfoXLConfig defaults
 }
 
 
+def test_new_configs_have_no_end_of_sequence_token_by_default():
+    # v4's eos 0 is an ordinary token of a new vocabulary: generation would stop on it.
+    assert TxlConfig().eos_token_id is None
+
+
 def test_legacy_config_has_v4_defaults():
     # v4 omitted default values from config.json, so an empty legacy config must mean v4's defaults.
     config = TransfoXLConfig()
@@ -123,6 +128,7 @@ def test_legacy_config_converts_to_txl():
         ({"mem_len": -1}, "`mem_len` must be a non-negative integer, got -1"),
         ({"tgt_len": -5}, "`tgt_len` must be a non-negative integer, got -5"),
         ({"d_model": 0}, "`d_model` must be an integer >= 1, got 0"),
+        ({"d_model": 33}, "`d_model` must be even"),
         ({"n_layer": 2.5}, "`n_layer` must be an integer >= 1, got 2.5"),
         ({"vocab_size": -3, "cutoffs": []}, "`vocab_size` must be an integer >= 1, got -3"),
         ({"dropout": 1.0}, "`dropout` must be a probability in [0, 1), got 1.0"),

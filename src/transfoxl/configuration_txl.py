@@ -87,8 +87,9 @@ class TxlConfig(PreTrainedConfig):
             Segment length the model was trained with (informative; scripts use it as their default).
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether forward returns the updated memory as `past_key_values`.
-        eos_token_id (`int`, *optional*, defaults to 0):
-            End-of-sequence id (`<eos>` ends every line in Transformer-XL corpora).
+        eos_token_id (`int`, *optional*):
+            End-of-sequence id (`<eos>` ends every line in Transformer-XL corpora); generation stops on it. v4's
+            default was 0, which `TransfoXLConfig` keeps.
         pad_token_id (`int`, *optional*), bos_token_id (`int`, *optional*):
             Padding and beginning-of-sequence ids.
         tie_word_embeddings (`bool`, *optional*):
@@ -141,7 +142,7 @@ class TxlConfig(PreTrainedConfig):
         memory_init: str = "empty",
         tgt_len: int | None = None,
         use_cache: bool = True,
-        eos_token_id: int | None = 0,
+        eos_token_id: int | None = None,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         tie_word_embeddings: bool | None = None,
@@ -216,6 +217,11 @@ class TxlConfig(PreTrainedConfig):
             raise ValueError(
                 f"TxlConfig: `cutoffs` must lie strictly between 0 and vocab_size={self.vocab_size}, got {cutoffs}."
             )
+        if self.d_model % 2:
+            raise ValueError(
+                f"TxlConfig: `d_model` must be even (the sinusoid of relative positions pairs sin and cos), got "
+                f"{self.d_model}."
+            )
         smallest_width = self.d_embed // self.div_val ** len(cutoffs) if self.div_val > 1 else self.d_embed
         if smallest_width < 1:
             raise ValueError(
@@ -282,12 +288,13 @@ def _pop_legacy_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 class TransfoXLConfig(TxlConfig):
     """`TxlConfig` for the `config.json` of transformers-v4 checkpoints (`"model_type": "transfo-xl"`).
 
-    It only differs from `TxlConfig` by its model type and by `d_embed`, which defaults to 1024 as in v4 (v4 did not
-    write default values to `config.json`). Models loaded with it keep v4's parameter names when saved again; convert a
-    legacy checkpoint to the `txl` format with `TxlConfig.from_dict(legacy_config.to_dict())` and `save_pretrained`.
+    It only differs from `TxlConfig` by its model type and by two defaults, v4's: `d_embed` 1024 and `eos_token_id`
+    0 (v4 did not write default values to `config.json`). Models loaded with it keep v4's parameter names when saved
+    again; to convert a legacy checkpoint to the `txl` format, build the model from
+    `TxlConfig.from_dict(legacy_config.to_dict())`, load the state dict and `save_pretrained`.
     """
 
     model_type = "transfo-xl"
 
-    def __init__(self, d_embed: int | None = 1024, **kwargs: Any) -> None:
-        super().__init__(d_embed=d_embed, **kwargs)
+    def __init__(self, d_embed: int | None = 1024, eos_token_id: int | None = 0, **kwargs: Any) -> None:
+        super().__init__(d_embed=d_embed, eos_token_id=eos_token_id, **kwargs)

@@ -55,13 +55,67 @@ logger = logging.get_logger(__name__)
 # Memory
 
 
+class SlidingWindow:
+    """The last `max_len` entries of a sequence that grows along dimension `dim`, stored with room to append.
+
+    Appending writes into the free room after the kept entries, so decoding one token does not copy the whole
+    memory; when the room runs out, the kept entries move once to a new buffer with `room` free entries again.
+    Entries already written are never overwritten, so views handed out stay valid.
+    """
+
+    def __init__(self, dim: int, max_len: int, room: int = 64) -> None:
+        self.dim, self.max_len, self.room = dim, max_len, room
+        self.buffer: torch.Tensor | None = None
+        self.start = self.end = 0
+
+    @property
+    def value(self) -> torch.Tensor | None:
+        """The kept entries (a view), or None when empty."""
+        if self.buffer is None or self.end == self.start:
+            return None
+        return self.buffer.narrow(self.dim, self.start, self.end - self.start)
+
+    def replace(self, tensor: torch.Tensor | None) -> None:
+        """Keep exactly `tensor` (its last `max_len` entries), or nothing."""
+        if tensor is not None and tensor.shape[self.dim] > self.max_len:
+            tensor = tensor.narrow(self.dim, tensor.shape[self.dim] - self.max_len, self.max_len)
+        self.buffer, self.start = tensor, 0
+        self.end = 0 if tensor is None else tensor.shape[self.dim]
+
+    def append(self, new: torch.Tensor) -> torch.Tensor:
+        """Append `new`; return a view of the kept entries followed by `new`, then keep only the last `max_len`."""
+        count = new.shape[self.dim]
+        kept = self.value
+        # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
+        # forbids writing into it: use a new buffer then. Inference writes in place.
+        in_place = not torch.is_grad_enabled() and self.buffer is not None and self.buffer.dtype == new.dtype
+        if not in_place or self.end + count > self.buffer.shape[self.dim]:
+            kept_len = 0 if kept is None else kept.shape[self.dim]
+            shape = list(new.shape)
+            shape[self.dim] = kept_len + count + self.room
+            buffer = new.new_empty(shape)
+            if kept is not None:
+                buffer.narrow(self.dim, 0, kept_len).copy_(kept)
+            self.buffer, self.start, self.end = buffer, 0, kept_len
+        self.buffer.narrow(self.dim, self.end, count).copy_(new)
+        self.end += count
+        full = self.buffer.narrow(self.dim, self.start, self.end - self.start)
+        self.start = max(self.start, self.end - self.max_len)
+        return full
+
+    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the kept entries by `function(kept)` (a batch operation: reorder, repeat, select, move)."""
+        kept = self.value
+        self.replace(None if kept is None else function(kept))
+
+
 class TxlMemoryLayer(CacheLayerMixin):
     """The memory of one layer: the last `mem_len` hidden states that entered the layer, `[B, M, E]`, detached.
 
     During inference (eval mode, no grad) it also keeps the layer's projected keys and values of those positions,
-    `keys` / `values` `[B, H, M, D]`, so that decoding one token does not project the whole memory again. They are
-    tagged with the version of the weights that made them and ignored (recomputed from `hidden`) once the weights
-    change or when gradients are wanted.
+    `[B, H, M, D]`, so that decoding a token neither projects nor copies the whole memory. They are tagged with the
+    version of the weights that made them and are not used (the hidden states are projected again) once those
+    weights change.
     """
 
     is_compileable = False
@@ -71,50 +125,57 @@ class TxlMemoryLayer(CacheLayerMixin):
     def __init__(self, mem_len: int) -> None:
         super().__init__()
         self.mem_len = mem_len
-        self.hidden: torch.Tensor | None = None  # [B, M, E]; None while the memory is empty
-        self.projection_version: tuple | None = None  # what made `keys` / `values`, when they are set
+        self._hidden = SlidingWindow(dim=1, max_len=mem_len)  # [B, M, E]
+        self._keys = SlidingWindow(dim=2, max_len=mem_len)  # [B, H, M, D], inference only
+        self._values = SlidingWindow(dim=2, max_len=mem_len)
+        self.projection_version: tuple | None = None  # the weights that made _keys / _values
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """`[B, M, E]`, or None while the memory is empty."""
+        return self._hidden.value
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def update(
-        self,
-        hidden_states: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        projection_version: tuple | None = None,
-        **kwargs,
-    ) -> torch.Tensor | None:
-        """Append one segment and keep the last `mem_len` positions.
-
-        hidden_states `[B, Q, E]` is this layer's input for the segment. keys / values `[B, H, M + Q, D]`, when given,
-        are the layer's projections of the memory *and* the segment, made by weights `projection_version`.
-        """
+    def update(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | None:
+        """Append this layer's input for a segment, `[B, Q, E]`; keep the last `mem_len` positions."""
         if not self.is_initialized:
             self.lazy_initialization(hidden_states)
-        if self.mem_len == 0:  # note x[:, -0:] would keep everything
-            self.hidden = None
-            return None
-        hidden_states = hidden_states.detach()
-        if self.hidden is not None:
-            hidden_states = torch.cat([self.hidden.to(hidden_states.dtype), hidden_states], dim=1)  # [B, M + Q, E]
-        self.hidden = hidden_states[:, -self.mem_len :]
-        if keys is None:
-            self.keys = self.values = self.projection_version = None
-        else:
-            self.keys, self.values = keys[:, :, -self.mem_len :].detach(), values[:, :, -self.mem_len :].detach()
-            self.projection_version = projection_version
+        if self.mem_len > 0:
+            self._hidden.append(hidden_states.detach() if hidden_states.requires_grad else hidden_states)
         return self.hidden
 
     def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The cached keys and values `[B, H, M, D]` if they were made by weights `projection_version`, else None."""
-        if self.keys is None or self.projection_version != projection_version:
+        """The kept keys and values `[B, H, M, D]` if weights `projection_version` made them, else None."""
+        if self.projection_version != projection_version or self._keys.value is None:
             return None
-        return self.keys, self.values
+        if self._keys.value.shape[2] != self.get_seq_length():  # the hidden states moved on without them
+            return None
+        return self._keys.value, self._values.value
+
+    def store_projections(self, keys: torch.Tensor, values: torch.Tensor, projection_version: tuple | None) -> None:
+        """Keep the projections `[B, H, M + Q, D]` of the memory and a new segment (their last `mem_len`)."""
+        if projection_version is None or self.mem_len == 0:
+            self.drop_projections()
+            return
+        self._keys.replace(keys.detach())
+        self._values.replace(values.detach())
+        self.projection_version = projection_version
+
+    def append_projections(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append a segment's keys and values `[B, H, Q, D]`; return memory's and segment's, `[B, H, M + Q, D]`."""
+        return self._keys.append(keys.detach()), self._values.append(values.detach())
+
+    def drop_projections(self) -> None:
+        self._keys.replace(None)
+        self._values.replace(None)
+        self.projection_version = None
 
     def get_seq_length(self) -> int:
-        return 0 if self.hidden is None else self.hidden.shape[1]
+        hidden = self.hidden
+        return 0 if hidden is None else hidden.shape[1]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -124,13 +185,13 @@ class TxlMemoryLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         """Forget everything: the next segment starts a new stream."""
-        self.hidden = self.keys = self.values = self.projection_version = None
+        self._hidden.replace(None)
+        self.drop_projections()
 
     def _apply(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Apply a batch operation to every tensor held."""
-        self.hidden = None if self.hidden is None else function(self.hidden)
-        self.keys = None if self.keys is None else function(self.keys)
-        self.values = None if self.values is None else function(self.values)
+        for window in (self._hidden, self._keys, self._values):
+            window.map(function)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._apply(lambda tensor: tensor.index_select(0, beam_idx.to(tensor.device)))
@@ -152,12 +213,14 @@ class TxlMemoryLayer(CacheLayerMixin):
         self._apply(lambda tensor: tensor.to("cpu", non_blocking=True))
 
     def prefetch(self) -> None:
-        if self.hidden is not None and self.hidden.device != self.device:
+        hidden = self.hidden
+        if hidden is not None and hidden.device != self.device:
             self._apply(lambda tensor: tensor.to(self.device, non_blocking=True))
 
     @property
     def batch_size(self) -> int:
-        return -1 if self.hidden is None else self.hidden.shape[0]
+        hidden = self.hidden
+        return -1 if hidden is None else hidden.shape[0]
 
 
 class TxlMemory(Cache):
@@ -288,6 +351,8 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
     unrelated values; the causal mask hides them.
     """
     *batch_dims, q_len, k_len = scores.shape
+    if q_len == 1:  # one query (decoding) is already indexed by key position
+        return scores
     padded = F.pad(scores, (1, 0))  # [..., Q, K+1]
     padded = padded.view(*batch_dims, k_len + 1, q_len)  # same buffer, rows of length Q
     return padded[..., 1:, :].reshape(*batch_dims, q_len, k_len)
@@ -295,14 +360,16 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
 
 def causal_memory_mask(
     q_len: int, mem_len_now: int, *, same_length: bool, max_mem_len: int, device: torch.device
-) -> torch.Tensor:
-    """`[Q, K]` bool mask, True where query i must not see key j.
+) -> torch.Tensor | None:
+    """`[Q, K]` bool mask, True where query i must not see key j; None when it would hide nothing.
 
     Query i (stream position M + i) sees the memory and the current segment up to itself (j <= M + i). With
     `same_length`, every query sees the same number of keys as the last one: keys further back than that are hidden
     too (the rule of the original code, which measures the window with the configured `max_mem_len`).
     """
     k_len = mem_len_now + q_len
+    if q_len == 1 and not (same_length and k_len > max_mem_len):  # decoding one token sees every key
+        return None
     ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     future = torch.triu(ones, diagonal=1 + mem_len_now)
     if not same_length:
@@ -323,7 +390,7 @@ def eager_relative_attention(
     rel_key: torch.Tensor,
     content_bias: torch.Tensor,
     position_bias: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     scaling: float,
     dropout: float,
@@ -331,13 +398,14 @@ def eager_relative_attention(
     """Relative multi-head attention, Eq. 3 of the paper, term by term.
 
     query `[B, H, Q, D]`; key, value `[B, H, K, D]`; rel_key `[H, K, D]` (W_{k,R} R, row r = distance K-1-r);
-    content_bias, position_bias `[H, D]` (u, v); mask `[Q, K]` or `[B, 1, Q, K]` bool, True = hidden.
+    content_bias, position_bias `[H, D]` (u, v); mask `[Q, K]` or `[B, 1, Q, K]` bool, True = hidden, or None.
     Returns the output `[B, H, Q, D]` and the attention probabilities `[B, H, Q, K]`.
     """
     content_score = (query + content_bias[:, None]) @ key.transpose(-1, -2)  # (a) + (c): [B, H, Q, K]
     position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # (b) + (d)
     scores = (content_score + position_score) * scaling
-    scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    if mask is not None:
+        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
     attn_weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=dropout > 0)
     return attn_weights @ value, attn_weights  # [B, H, Q, D], [B, H, Q, K]
@@ -350,7 +418,7 @@ def sdpa_relative_attention(
     rel_key: torch.Tensor,
     content_bias: torch.Tensor,
     position_bias: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     scaling: float,
     dropout: float,
@@ -361,7 +429,9 @@ def sdpa_relative_attention(
     the rest but does not remove the `[B, H, Q, K]` positional tensor: memory stays O(Q K) per head.
     """
     position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # [B, H, Q, K]
-    attn_bias = (position_score * scaling).masked_fill(mask, torch.finfo(position_score.dtype).min)
+    attn_bias = position_score * scaling
+    if mask is not None:
+        attn_bias = attn_bias.masked_fill(mask, torch.finfo(attn_bias.dtype).min)
     attn_output = F.scaled_dot_product_attention(
         query + content_bias[:, None], key, value, attn_mask=attn_bias, dropout_p=dropout, scale=scaling
     )
@@ -428,26 +498,29 @@ class TxlRelativeAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         memory: torch.Tensor | None,
-        memory_projections: tuple[torch.Tensor, torch.Tensor] | None,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         content_bias: torch.Tensor,
         position_bias: torch.Tensor,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        projection_store: TxlMemoryLayer | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from the segment to `[memory; segment]`.
 
-        hidden_states `[B, Q, E]`; memory `[B, M, E]` or None; memory_projections: the memory's keys and values
-        `[B, H, M, D]` if these weights already projected them (the memory is then not projected again);
-        positions `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden.
-        Returns the new hidden states `[B, Q, E]`, the probabilities `[B, H, Q, K]` (with `output_attentions`, else
-        None) and the keys and values of all K positions `[B, H, K, D]`, for the memory to keep during inference.
+        hidden_states `[B, Q, E]`; memory `[B, M, E]` or None; positions `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`,
+        True = hidden, or None. In inference, `projection_store` is this layer's memory: it keeps the keys and values
+        of its positions, so that the next call projects only its own segment (training passes None: the weights
+        change between calls, and a checkpointed layer must not touch the memory).
+        Returns the new hidden states `[B, Q, E]` and the probabilities `[B, H, Q, K]` (with `output_attentions`).
         """
         batch, q_len, _ = hidden_states.shape
-        if memory_projections is None:
+        version = None if projection_store is None else self.projection_version()
+        kept = None if version is None or memory is None else projection_store.projections(version)
+
+        if kept is None:  # project [memory; segment], as in the paper
             context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)  # [B, K, E]
-        else:
-            context = hidden_states  # [B, Q, E]: only the segment still needs keys and values
+        else:  # the memory's keys and values are kept: only the segment needs projecting
+            context = hidden_states  # [B, Q, E]
         if self.config.pre_lnorm:
             context = self.layer_norm(context)
 
@@ -455,12 +528,13 @@ class TxlRelativeAttention(nn.Module):
         inner = self.n_head * self.d_head
         query_weight, key_value_weight = self.qkv_proj.weight.split([inner, 2 * inner])
         query = F.linear(context[:, -q_len:], query_weight).view(batch, q_len, self.n_head, self.d_head)
+        query = query.transpose(1, 2)  # [B, H, Q, D]
         key_value = F.linear(context, key_value_weight).view(batch, context.shape[1], 2 * self.n_head, self.d_head)
         key, value = key_value.transpose(1, 2).chunk(2, dim=1)  # [B, H, K or Q, D] each
-        query = query.transpose(1, 2)  # [B, H, Q, D]
-        if memory_projections is not None:
-            key = torch.cat([memory_projections[0], key], dim=2)  # [B, H, K, D]
-            value = torch.cat([memory_projections[1], value], dim=2)
+        if kept is not None:
+            key, value = projection_store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
+        elif version is not None:
+            projection_store.store_projections(key, value, version)
         rel_key = self._relative_keys(positions)  # [H, K, D]
 
         implementation = getattr(self.config, "_attn_implementation", None) or "eager"
@@ -480,8 +554,8 @@ class TxlRelativeAttention(nn.Module):
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
         attn_output = self.dropout(self.o_proj(attn_output))  # [B, Q, E]
         if self.config.pre_lnorm:
-            return hidden_states + attn_output, attn_weights, (key, value)
-        return self.layer_norm(hidden_states + attn_output), attn_weights, (key, value)
+            return hidden_states + attn_output, attn_weights
+        return self.layer_norm(hidden_states + attn_output), attn_weights
 
 
 class TxlFeedForward(nn.Module):
@@ -516,18 +590,25 @@ class TxlLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         memory: torch.Tensor | None,
-        memory_projections: tuple[torch.Tensor, torch.Tensor] | None,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         content_bias: torch.Tensor,
         position_bias: torch.Tensor,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        projection_store: TxlMemoryLayer | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same arguments and results as `TxlRelativeAttention.forward`, through the feed-forward sub-layer too."""
-        hidden_states, attn_weights, key_value = self.attention(
-            hidden_states, memory, memory_projections, positions, mask, content_bias, position_bias, output_attentions
+        hidden_states, attn_weights = self.attention(
+            hidden_states,
+            memory,
+            positions,
+            mask,
+            content_bias,
+            position_bias,
+            output_attentions,
+            projection_store,
         )
-        return self.ffn(hidden_states), attn_weights, key_value
+        return self.ffn(hidden_states), attn_weights
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -758,6 +839,7 @@ class TxlModel(TxlPreTrainedModel):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.layers = nn.ModuleList([TxlLayer(config) for _ in range(config.n_layer)])
         self.gradient_checkpointing = False
+        self._position_table: tuple[tuple, torch.Tensor] | None = None  # see _positions
         self.post_init()
 
     def get_input_embeddings(self) -> TxlAdaptiveEmbedding:
@@ -814,6 +896,18 @@ class TxlModel(TxlPreTrainedModel):
             for layer in memory.layers:
                 layer.update(zeros)
         return memory
+
+    def _positions(self, k_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """R for the distances K-1, ..., 0, `[K, E]`: a view of a table kept across calls (it depends on K only)."""
+        key = (dtype, device)
+        if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[0] < k_len:
+            length = max(k_len, self.config.mem_len + 1)
+            table = sinusoid_positions(
+                length, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
+            )
+            self._position_table = (key, table)
+        table = self._position_table[1]
+        return table[table.shape[0] - k_len :]
 
     @staticmethod
     def _key_padding(
@@ -894,20 +988,16 @@ class TxlModel(TxlPreTrainedModel):
             q_len,
             mem_len_now,
             same_length=self.config.same_length,
-            max_mem_len=self.config.mem_len,
+            max_mem_len=self.config.mem_len if memory is None else memory.mem_len,  # e.g. a longer evaluation memory
             device=inputs_embeds.device,
-        )  # [Q, K]
+        )  # [Q, K] or None
         key_padding = self._key_padding(memory, segment_padding, batch, q_len, inputs_embeds.device)  # [B, K]
         if key_padding is not None:
-            mask = mask | key_padding[:, None, None, :]  # [B, 1, Q, K]
-        positions = sinusoid_positions(
-            k_len,
-            self.config.d_model,
-            clamp_len=self.config.clamp_len,
-            dtype=inputs_embeds.dtype,
-            device=inputs_embeds.device,
-        )  # [K, E]
-        positions = self.dropout(positions)
+            causal = (
+                mask if mask is not None else torch.zeros(q_len, k_len, dtype=torch.bool, device=key_padding.device)
+            )
+            mask = causal | key_padding[:, None, None, :]  # [B, 1, Q, K]
+        positions = self.dropout(self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
         hidden_states = self.dropout(inputs_embeds)
 
         # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.
@@ -915,34 +1005,27 @@ class TxlModel(TxlPreTrainedModel):
         if use_cache:
             memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
         layer_inputs, attentions = [], []
-        for layer, memory_layer in zip(
-            self.layers, memory.layers if memory is not None else [None] * len(self.layers)
-        ):
+        memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
+        for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
             attention = layer.attention
             content_bias = attention.content_bias if self.config.untie_r else self.content_bias
             position_bias = attention.position_bias if self.config.untie_r else self.position_bias
-            memory_hidden = None if memory_layer is None else memory_layer.hidden
-            version = attention.projection_version() if keep_projections else None
-            memory_projections = None
-            if keep_projections and memory_hidden is not None:
-                memory_projections = memory_layer.projections(version)
-            hidden_states, attn_weights, (key, value) = layer(
+            hidden_states, attn_weights = layer(
                 layer_inputs[-1],
-                memory_hidden,
-                memory_projections,
+                None if memory_layer is None else memory_layer.hidden,
                 positions,
                 mask,
                 content_bias,
                 position_bias,
                 output_attentions,
+                memory_layer if keep_projections else None,
             )
             attentions.append(attn_weights)
             if use_cache:  # after the layer has read its memory; outside the layer for gradient checkpointing
-                if keep_projections:
-                    memory_layer.update(layer_inputs[-1], key, value, version)
-                else:
-                    memory_layer.update(layer_inputs[-1])
+                if not keep_projections:
+                    memory_layer.drop_projections()
+                memory_layer.update(layer_inputs[-1])
         hidden_states = self.dropout(hidden_states)
 
         output = BaseModelOutputWithPast(
@@ -1129,8 +1212,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     ) -> dict:
         # The memory length says nothing about how many of input_ids were consumed, so the default slicing (by
         # get_seq_length) is wrong here: the first call feeds every token given, later calls the newest one.
-        if not is_first_iteration and use_cache and past_key_values is not None:
-            input_ids = input_ids[:, -1:]
+        if not is_first_iteration and use_cache and past_key_values is not None and past_key_values.mem_len > 0:
+            input_ids = input_ids[:, -1:]  # (without memory, mem_len = 0, every step sees the whole sequence)
         elif past_key_values is not None and past_key_values.get_seq_length() > 0:
             # generate() repeats the inputs for beams / return sequences but not a memory passed by the caller.
             memory_batch, batch = past_key_values.batch_size, input_ids.shape[0]
