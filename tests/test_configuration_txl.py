@@ -112,8 +112,9 @@ def test_round_trip_and_memory_init_override(tmp_path):
 
 def test_legacy_config_converts_to_txl():
     legacy = TransfoXLConfig(vocab_size=100, cutoffs=[20], d_model=32, n_layer=1)
-    config = TxlConfig.from_dict(legacy.to_dict())
+    config = TxlConfig.from_legacy(legacy)
     assert type(config) is TxlConfig and config.to_dict()["model_type"] == "txl"
+    assert type(TxlConfig.from_dict(legacy.to_dict())) is TransfoXLConfig  # a v4 dict read through TxlConfig
     assert config.d_embed == 1024 and config.cutoffs == [20]
 
 

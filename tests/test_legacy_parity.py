@@ -113,6 +113,15 @@ def test_greedy_generation(legacy):
     assert torch.equal(generated, reference["generate.output"])
 
 
+def test_the_model_class_itself_reads_a_v4_folder(tmp_path):
+    shutil.copy(FIXTURES / "adaptive_div2" / "config.json", tmp_path / "config.json")
+    shutil.copy(FIXTURES / "adaptive_div2" / "model.safetensors", tmp_path / "model.safetensors")
+    model, info = TxlForCausalLM.from_pretrained(tmp_path, memory_init="zeros", output_loading_info=True)
+    assert isinstance(model.config, TransfoXLConfig) and not info["missing_keys"], info
+    reference = load_file(FIXTURES / "adaptive_div2" / "reference.safetensors")
+    close(model.eval()(reference["segments.input_ids"][0]).logits, reference["seg0.logprobs"], LOGPROB_ATOL)
+
+
 def test_pre_1_6_torch_format(tmp_path):
     (tmp_path / "weights").mkdir()
     model = load_legacy(tmp_path / "weights", "adaptive_div2", "legacy_format/pytorch_model.bin")
@@ -132,7 +141,7 @@ def test_legacy_model_saves_in_the_legacy_layout_and_converts_to_txl(tmp_path):
 
     from transfoxl import TxlConfig
 
-    converted = TxlForCausalLM(TxlConfig.from_dict(model.config.to_dict()))
+    converted = TxlForCausalLM(TxlConfig.from_legacy(model.config))
     converted.load_state_dict(model.state_dict())
     converted.save_pretrained(tmp_path / "converted")
     config = json.loads((tmp_path / "converted" / "config.json").read_text())

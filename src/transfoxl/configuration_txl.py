@@ -252,6 +252,20 @@ class TxlConfig(PreTrainedConfig):
                     f"TxlConfig: `{name}` must be None or a token id in [0, {self.vocab_size}), got {value!r}."
                 )
 
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> TxlConfig:
+        # A transformers-v4 config.json read through TxlConfig (e.g. `TxlForCausalLM.from_pretrained(v4_folder)`)
+        # becomes a TransfoXLConfig, so that its v4 defaults and parameter names apply as with the Auto classes.
+        if cls is TxlConfig and config_dict.get("model_type") == TransfoXLConfig.model_type:
+            return TransfoXLConfig.from_dict(config_dict, **kwargs)
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_legacy(cls, config: TxlConfig) -> TxlConfig:
+        """The `txl` config of a legacy (`transfo-xl`) one: same hyper-parameters, `model_type` "txl"."""
+        values = {key: value for key, value in config.to_dict().items() if key not in ("model_type", "auto_map")}
+        return cls(**values)
+
     @property
     def cluster_bounds(self) -> list[int]:
         """`[0, *cutoffs, vocab_size]`: cluster `i` holds the token ids in `[bounds[i], bounds[i + 1])`."""
@@ -290,8 +304,8 @@ class TransfoXLConfig(TxlConfig):
 
     It only differs from `TxlConfig` by its model type and by two defaults, v4's: `d_embed` 1024 and `eos_token_id`
     0 (v4 did not write default values to `config.json`). Models loaded with it keep v4's parameter names when saved
-    again; to convert a legacy checkpoint to the `txl` format, build the model from
-    `TxlConfig.from_dict(legacy_config.to_dict())`, load the state dict and `save_pretrained`.
+    again; to convert a legacy checkpoint to the `txl` format, build the model from `TxlConfig.from_legacy(config)`,
+    load the state dict and `save_pretrained`.
     """
 
     model_type = "transfo-xl"
