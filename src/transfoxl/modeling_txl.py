@@ -403,9 +403,9 @@ def eager_relative_attention(
     """
     content_score = (query + content_bias[:, None]) @ key.transpose(-1, -2)  # (a) + (c): [B, H, Q, K]
     position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # (b) + (d)
-    scores = (content_score + position_score) * scaling
+    scores = (content_score + position_score).mul_(scaling)  # in place: [B, H, Q, K] tensors are the big ones
     if mask is not None:
-        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
     attn_weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=dropout > 0)
     return attn_weights @ value, attn_weights  # [B, H, Q, D], [B, H, Q, K]
@@ -429,9 +429,9 @@ def sdpa_relative_attention(
     the rest but does not remove the `[B, H, Q, K]` positional tensor: memory stays O(Q K) per head.
     """
     position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # [B, H, Q, K]
-    attn_bias = position_score * scaling
+    attn_bias = position_score.mul_(scaling)  # in place (a fresh tensor; no backward needs its old values)
     if mask is not None:
-        attn_bias = attn_bias.masked_fill(mask, torch.finfo(attn_bias.dtype).min)
+        attn_bias.masked_fill_(mask, torch.finfo(attn_bias.dtype).min)
     attn_output = F.scaled_dot_product_attention(
         query + content_bias[:, None], key, value, attn_mask=attn_bias, dropout_p=dropout, scale=scaling
     )
