@@ -253,6 +253,16 @@ class TxlConfig(PreTrainedConfig):
                 )
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> TxlConfig:
+        # A v4 folder read through TxlConfig is a TransfoXLConfig (see from_dict); going there directly also spares
+        # transformers' warning about instantiating a "txl" model from a "transfo-xl" config.
+        if cls is TxlConfig:
+            config_dict, _ = cls.get_config_dict(pretrained_model_name_or_path, **dict(kwargs))
+            if config_dict.get("model_type") == TransfoXLConfig.model_type:
+                return TransfoXLConfig.from_pretrained(pretrained_model_name_or_path, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> TxlConfig:
         # A transformers-v4 config.json read through TxlConfig (e.g. `TxlForCausalLM.from_pretrained(v4_folder)`)
         # becomes a TransfoXLConfig, so that its v4 defaults and parameter names apply as with the Auto classes.
