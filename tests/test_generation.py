@@ -207,3 +207,69 @@ def test_a_mismatched_memory_gets_a_clear_error():
         model(ids(3, 4), attention_mask=torch.ones(3, 9))
     with pytest.raises(ValueError, match="cannot be cropped"):
         memory.crop(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inference caches and generate() plumbing (found in review)
+
+
+def test_changing_clamp_len_after_a_forward_takes_effect():
+    model = tiny_lm(clamp_len=-1, mem_len=8)
+    stream = ids(1, 9)
+    with torch.no_grad():
+        model(stream)  # fills the inference caches
+        model.config.clamp_len = 2
+        changed = model(stream).logits
+    fresh = tiny_lm(clamp_len=2, mem_len=8)
+    torch.testing.assert_close(changed, fresh(stream).logits.detach(), rtol=0, atol=1e-5)
+
+
+def test_an_autocast_call_does_not_leave_a_low_precision_position_table_behind():
+    model = tiny_lm(cutoffs=[], div_val=1, mem_len=8)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(ids(1, 5))
+        full_precision = model(ids(1, 5), use_cache=False).logits
+    assert full_precision.dtype == torch.float32
+    torch.testing.assert_close(full_precision, model(ids(1, 5), use_cache=False).logits.detach(), rtol=0, atol=1e-5)
+
+
+def test_a_memory_built_in_inference_mode_continues_under_no_grad():
+    model = tiny_lm(mem_len=16)
+    with torch.inference_mode():
+        memory = model(ids(1, 6)).past_key_values
+    generated = model.generate(ids(1, 2, seed=1), past_key_values=memory, max_new_tokens=3, **GREEDY)
+    assert generated.shape == (1, 5)
+
+
+def test_chunked_prefill_uses_the_mask_columns_of_the_new_tokens():
+    model = tiny_lm(mem_len=32)
+    memory = model(ids(1, 6, low=1), attention_mask=torch.tensor([[0, 0, 0, 1, 1, 1]])).past_key_values
+    prompt = ids(1, 6, seed=2, low=1)
+    full_mask = torch.tensor([[0, 0, 0, 1, 1, 1] + [1] * 6])  # transformers' convention: [earlier; new] columns
+    model.generate(prompt, attention_mask=full_mask, past_key_values=memory, max_new_tokens=1, prefill_chunk_size=2)
+    assert memory.padding[0, :12].tolist() == [True] * 3 + [False] * 9
+
+
+def test_generate_returns_attentions_and_hidden_states_when_asked():
+    model = tiny_lm(mem_len=16)
+    output = model.generate(
+        ids(1, 4),
+        max_new_tokens=2,
+        return_dict_in_generate=True,
+        output_attentions=True,
+        output_hidden_states=True,
+        **GREEDY,
+    )
+    assert output.attentions[0][0].shape == (1, model.config.n_head, 4, 4)
+    assert output.hidden_states[0][0].shape == (1, 4, model.config.d_model)
+
+
+def test_hooks_on_the_projections_run():
+    model = tiny_lm(mem_len=16)
+    calls = []
+    attention = model.transformer.layers[0].attention
+    for module in (attention.qkv_proj, attention.pos_proj, attention.o_proj):
+        module.register_forward_hook(lambda module, inputs, output: calls.append(module))
+    model(ids(1, 4))
+    assert calls == [attention.qkv_proj, attention.pos_proj, attention.o_proj]

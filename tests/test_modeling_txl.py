@@ -258,6 +258,18 @@ def test_all_ignored_targets_are_refused():
     ids = covering_ids(model.config.vocab_size, batch=2, length=6)
     with pytest.raises(ValueError, match="Every target is -100"):
         model(ids, labels=torch.full_like(ids, -100))
+    # ... unless the loss is divided by a count over several batches (gradient accumulation)
+    assert model(ids, labels=torch.full_like(ids, -100), num_items_in_batch=10).loss == 0
+
+
+@pytest.mark.parametrize("bad_target", [97, -1, -101])
+def test_targets_outside_the_vocabulary_are_refused(bad_target):
+    model = tiny_lm()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=6)
+    targets = ids.clone()
+    targets[1, 3] = bad_target
+    with pytest.raises(ValueError, match=rf"Target {bad_target} is neither a token id in \[0, 97\) nor -100"):
+        model(ids, shift_labels=targets)
 
 
 def test_gradients_reach_every_parameter():

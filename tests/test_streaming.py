@@ -49,6 +49,15 @@ def test_beam_search_continues_with_the_best_sequence_of_each_stream():
     assert torch.equal(follow, greedy_without_cache(model, torch.cat([text, best], 1), 3)[:, 14:])
 
 
+def test_beam_search_set_in_the_generation_config_also_keeps_the_stream_memory():
+    model = tiny_lm(mem_len=128)
+    model.generation_config.num_beams = 3
+    stream = TxlStream(model, segment_len=4).feed(ids(1, 9, seed=3))
+    stream.generate(max_new_tokens=4, **GREEDY)
+    assert stream.memory.batch_size == 1
+    stream.feed(ids(1, 3, seed=4))
+
+
 def test_stream_errors_name_the_problem():
     stream = TxlStream(tiny_lm(), batch_size=2)
     with pytest.raises(ValueError, match="nothing to continue from"):

@@ -87,8 +87,14 @@ class SlidingWindow:
         count = new.shape[self.dim]
         kept = self.value
         # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
-        # forbids writing into it: use a new buffer then. Inference writes in place.
-        in_place = not torch.is_grad_enabled() and self.buffer is not None and self.buffer.dtype == new.dtype
+        # forbids writing into it: use a new buffer then. Inference writes in place, except into a buffer made under
+        # torch.inference_mode() when that mode is off (torch forbids it).
+        in_place = (
+            not torch.is_grad_enabled()
+            and self.buffer is not None
+            and self.buffer.dtype == new.dtype
+            and (torch.is_inference_mode_enabled() or not self.buffer.is_inference())
+        )
         if not in_place or self.end + count > self.buffer.shape[self.dim]:
             kept_len = 0 if kept is None else kept.shape[self.dim]
             shape = list(new.shape)
@@ -479,7 +485,9 @@ class TxlRelativeAttention(nn.Module):
         # Inference: the projected table depends only on the weights, so it is kept across calls instead of
         # projecting all K distances again for every decoded token.
         weight = self.pos_proj.weight
-        key = (weight.data_ptr(), weight._version, positions.dtype, positions.device)
+        device = positions.device
+        autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type)
+        key = (weight.data_ptr(), weight._version, positions.dtype, device, autocast, self.config.clamp_len)
         if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[1] < k_len:
             length = max(k_len, self.config.mem_len + 1)
             table = sinusoid_positions(
@@ -524,13 +532,12 @@ class TxlRelativeAttention(nn.Module):
         if self.config.pre_lnorm:
             context = self.layer_norm(context)
 
-        # Queries only for the segment: projecting the memory's queries (as the original does) is wasted work.
+        # The module is called (not its weight sliced), so hooks, adapters (LoRA) and quantised layers apply; the
+        # memory's queries are computed and dropped (when the memory's keys/values are kept, there are none).
         inner = self.n_head * self.d_head
-        query_weight, key_value_weight = self.qkv_proj.weight.split([inner, 2 * inner])
-        query = F.linear(context[:, -q_len:], query_weight).view(batch, q_len, self.n_head, self.d_head)
-        query = query.transpose(1, 2)  # [B, H, Q, D]
-        key_value = F.linear(context, key_value_weight).view(batch, context.shape[1], 2 * self.n_head, self.d_head)
-        key, value = key_value.transpose(1, 2).chunk(2, dim=1)  # [B, H, K or Q, D] each
+        qkv = self.qkv_proj(context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)  # [B, K or Q, 3H, D]
+        query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
+        query = query[:, :, -q_len:]  # [B, H, Q, D]
         if kept is not None:
             key, value = projection_store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
         elif version is not None:
@@ -899,7 +906,7 @@ class TxlModel(TxlPreTrainedModel):
 
     def _positions(self, k_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """R for the distances K-1, ..., 0, `[K, E]`: a view of a table kept across calls (it depends on K only)."""
-        key = (dtype, device)
+        key = (dtype, device, self.config.clamp_len)
         if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[0] < k_len:
             length = max(k_len, self.config.mem_len + 1)
             table = sinusoid_positions(
@@ -1126,6 +1133,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         loss = losses = None
         targets = self._aligned_targets(labels, shift_labels, batch, q_len)
         if targets is not None:
+            self._check_targets(targets, allow_all_ignored=num_items_in_batch is not None)
             losses = self.adaptive_softmax.nll(hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1))
             losses = losses.view(batch, q_len)
             loss = self._reduce_loss(losses, targets, num_items_in_batch)
@@ -1156,9 +1164,21 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         name = "labels" if labels is not None else "shift_labels"
         if tuple(given.shape) != (batch, q_len):
             raise ValueError(f"{name} must have the input's shape {(batch, q_len)}, got {tuple(given.shape)}.")
-        if labels is None:
-            return shift_labels
-        return F.pad(labels[:, 1:], (0, 1), value=-100)  # a new tensor: position t predicts labels[:, t + 1]
+        targets = shift_labels if labels is None else F.pad(labels[:, 1:], (0, 1), value=-100)  # t predicts t + 1
+        return targets
+
+    def _check_targets(self, targets: torch.Tensor, allow_all_ignored: bool) -> None:
+        """Targets must be token ids or -100; anything else would silently add a loss of 0."""
+        vocab_size = self.config.vocab_size
+        invalid = (targets != -100) & ((targets < 0) | (targets >= vocab_size))
+        if targets.device.type == "cpu":
+            if bool(invalid.any()):
+                bad = int(targets[invalid][0])
+                raise ValueError(f"Target {bad} is neither a token id in [0, {vocab_size}) nor -100 (ignored).")
+            if not allow_all_ignored and not bool((targets != -100).any()):
+                raise ValueError("Every target is -100 (ignored): there is nothing to compute a loss on.")
+        else:  # no host synchronisation on accelerators
+            torch._assert_async(~invalid.any(), f"a target is neither a token id in [0, {vocab_size}) nor -100.")
 
     @staticmethod
     def _reduce_loss(
@@ -1166,10 +1186,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     ) -> torch.Tensor:
         if num_items_in_batch is not None:
             return losses.sum() / num_items_in_batch
-        n_targets = (targets != -100).sum()
-        if n_targets.item() == 0:  # one sync per loss; the adaptive softmax synchronises anyway
-            raise ValueError("Every target is -100 (ignored): there is nothing to compute a loss on.")
-        return losses.sum() / n_targets
+        return losses.sum() / (targets != -100).sum()
 
     # generate() support: the memory replaces the KV cache. Conventions (see README, "Generation with memories"):
     # input_ids holds only tokens that are not in the memory yet; the memory passed in is updated in place and, after
@@ -1187,6 +1204,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         # transformers' chunked prefill skips get_seq_length() tokens of input_ids, taking them for tokens already
         # cached; the XL memory holds earlier text that input_ids does not repeat, so every token is fed here.
         attention_mask = model_kwargs.get("attention_mask")
+        if attention_mask is not None:  # the columns of input_ids (a longer mask also covers earlier tokens)
+            attention_mask = attention_mask[:, attention_mask.shape[1] - input_ids.shape[1] :]
         outputs = None
         for start in range(0, input_ids.shape[1], generation_config.prefill_chunk_size):
             end = start + generation_config.prefill_chunk_size
@@ -1227,8 +1246,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         model_inputs = {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache}
         if attention_mask is not None:  # the memory remembers earlier padding: pass the new tokens' columns only
             model_inputs["attention_mask"] = attention_mask[:, -input_ids.shape[1] :]
-        if "logits_to_keep" in kwargs:
-            model_inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states"):
+            if name in kwargs:
+                model_inputs[name] = kwargs[name]
         return model_inputs
 
 

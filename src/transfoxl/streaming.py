@@ -92,7 +92,7 @@ class TxlStream:
             if name in generate_kwargs:
                 raise ValueError(f"TxlStream.generate manages `{name}` itself; pass the prompt as `prompt`.")
         self.model.eval()
-        in_place = generate_kwargs.get("num_beams", 1) == 1
+        in_place = generate_kwargs.get("num_beams", self.model.generation_config.num_beams or 1) == 1
         # Beam search leaves the memory holding its running beams, so it works on a copy and the stream then feeds
         # the chosen tokens into its own memory.
         memory = self.memory if in_place else copy.deepcopy(self.memory)
