@@ -22,6 +22,7 @@ from .modeling_txl import (
     TxlPreTrainedModel,
 )
 from .streaming import TxlStream
+from .tokenization import TransfoXLTokenizerFast, register_tokenizers
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,8 @@ for _config_class in (TxlConfig, TransfoXLConfig):
         # subclass, so it goes into the same mapping directly.
         _auto_class._model_mapping.register(_config_class, _model_class, exist_ok=True)
 
+register_tokenizers()  # AutoTokenizer for both model types, v4 folders with only vocab.pkl / vocab.bin included
+
 # save_pretrained writes `auto_map` and copies configuration_txl.py / modeling_txl.py into the folder, so that plain
 # transformers loads it with trust_remote_code=True.
 TxlConfig.register_for_auto_class()
@@ -46,6 +49,7 @@ TxlForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassi
 
 __all__ = [
     "TransfoXLConfig",
+    "TransfoXLTokenizerFast",
     "TxlAdaptiveEmbedding",
     "TxlAdaptiveLogSoftmax",
     "TxlCausalLMOutputWithPast",

@@ -1,0 +1,79 @@
+"""`scripts/convert_vocab.py`: a v4 vocabulary -> tokenizer.json that AutoTokenizer loads with v4's ids."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from transformers import AutoTokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
+REFERENCE = json.loads((FIXTURES / "reference.json").read_text(encoding="utf-8"))
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "convert_vocab.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("transfoxl_convert_vocab", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("source", ["v4_folder", "hub_dict", "torch_bin/vocab.bin"])
+def test_convert_writes_a_tokenizer_with_v4_ids(tmp_path: Path, source: str) -> None:
+    input_folder = tmp_path / "input"
+    shutil.copytree(FIXTURES / source.split("/")[0], input_folder)
+    before = digest(input_folder)
+    source_path = input_folder / source.split("/")[1] if "/" in source else input_folder
+    out = tmp_path / "out"
+    assert load_script().main([str(source_path), str(out)]) == 0
+    assert digest(input_folder) == before  # the input is never modified
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
+    assert not [name for name in os.listdir(out) if name.startswith(".")]  # staging folder removed
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    reference = REFERENCE["references"]["v4_vocab_only"]
+    for case in reference["pretokenized"]:
+        assert tokenizer.encode(case["text"], add_special_tokens=False) == case["ids"]
+
+
+def test_convert_refuses_the_input_folder_and_existing_files(tmp_path: Path, capsys) -> None:
+    script = load_script()
+    input_folder = tmp_path / "input"
+    shutil.copytree(FIXTURES / "v4_folder", input_folder)
+    before = digest(input_folder)
+    assert script.main([str(input_folder), str(input_folder)]) == 1
+    assert "input's folder" in capsys.readouterr().err
+    assert digest(input_folder) == before
+
+    out = tmp_path / "out"
+    assert script.main([str(input_folder), str(out)]) == 0
+    assert script.main([str(input_folder), str(out)]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert script.main([str(input_folder), str(out), "--overwrite", "--lower-case"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("THE Game", add_special_tokens=False)) == ["the", "game"]
+
+
+def test_convert_refuses_a_malicious_vocabulary(tmp_path: Path, capsys) -> None:
+    marker = tmp_path / "pwned"
+
+    class RunsCommand:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCommand()}))
+    assert load_script().main([str(tmp_path / "vocab.pkl"), str(tmp_path / "out")]) == 1
+    assert ".system" in capsys.readouterr().err
+    assert not marker.exists()
+    assert not (tmp_path / "out" / "tokenizer.json").exists()

@@ -1,0 +1,362 @@
+"""Legacy (transformers-v4) Transformer-XL vocabularies: safe loading, AutoTokenizer, and parity with v4's ids.
+
+The reference (`tests/fixtures/tokenizer/reference.json`) was recorded with transformers 4.37.2 by
+`scripts/make_tokenizer_fixtures.py`; nothing here imports transformers v4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import transfoxl  # noqa: F401  (registers the configs)
+from transfoxl.tokenization import (
+    LegacyVocabError,
+    build_word_level_tokenizer,
+    load_legacy_vocab,
+    register_tokenizers,
+    safe_load_pickle,
+    tokenizer_from_legacy_vocab,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
+REFERENCE = json.loads((FIXTURES / "reference.json").read_text(encoding="utf-8"))
+IDX2SYM = REFERENCE["idx2sym"]
+FOLDERS = ("v4_folder", "v4_vocab_only", "hub_dict", "torch_bin")
+VOCAB_FILES = ("v4_folder/vocab.pkl", "hub_dict/vocab.pkl", "torch_bin/vocab.bin")
+
+register_tokenizers()
+
+# Raw text where this tokenizer does not reproduce v4's Moses pipeline: text -> our words (v4's are in the fixture).
+RAW_DIFFERENCES = {
+    # A clitic standing alone (WikiText's own convention) stays one word; Moses split the apostrophe off.
+    "it 's the team 's game": ["it", "'s", "the", "team", "'s", "game"],
+    # Moses keeps a final period when the next word starts in lower case (a context rule across words).
+    "the game. and then it sold": ["the", "game", ".", "and", "then", "it", "sold"],
+    # Moses splits only before the first inner apostrophe.
+    "rock'n'roll": ["rock", "'n", "'roll"],
+    # Every newline ends a line with <eos>, as the corpora were encoded; v4's tokenize dropped newlines.
+    "line one\nline two": ["line", "one", "<eos>", "line", "two"],
+}
+
+
+def _words(tokenizer, text: str) -> list[str]:
+    backend = tokenizer.backend_tokenizer
+    return [word for word, _ in backend.pre_tokenizer.pre_tokenize_str(backend.normalizer.normalize_str(text))]
+
+
+# ------------------------------------------------------------------------------------------------ safe loading
+
+
+@pytest.mark.parametrize("name", VOCAB_FILES)
+def test_vocab_files_give_v4_idx2sym(name: str) -> None:
+    vocab = load_legacy_vocab(FIXTURES / name)
+    assert vocab.idx2sym == IDX2SYM
+    assert vocab.lower_case is False
+    assert vocab.delimiter is None
+    assert vocab.special == ["<eos>", "<unk>", "<formula>"]
+
+
+def test_v4_pickle_skips_foreign_objects_without_importing_them() -> None:
+    vocab = load_legacy_vocab(FIXTURES / "v4_folder" / "vocab.pkl")
+    # v4's pickled __dict__ names these; none of them is resolved, and sacremoses is not even installed here.
+    assert "sacremoses.tokenize.MosesTokenizer" in vocab.skipped_globals
+    assert "re._compile" in vocab.skipped_globals
+    assert "tokenizers.AddedToken" in vocab.skipped_globals
+    assert "sacremoses" not in sys.modules
+
+
+def test_hub_dict_needs_nothing_outside_the_allow_list() -> None:
+    fields, skipped = safe_load_pickle((FIXTURES / "hub_dict" / "vocab.pkl").read_bytes(), strict=True)
+    assert skipped == set()
+    assert fields["idx2sym"] == IDX2SYM
+    assert isinstance(fields["sym2idx"], OrderedDict)
+
+
+def test_sym2idx_alone_is_enough(tmp_path: Path) -> None:
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(pickle.dumps({"sym2idx": OrderedDict((sym, i) for i, sym in enumerate(IDX2SYM))}))
+    assert load_legacy_vocab(path).idx2sym == IDX2SYM
+
+
+# ------------------------------------------------------------------------------------------------ malicious files
+
+
+class _RunsCommand:
+    """Unpickling this with `pickle.load` runs a shell command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+class _StartsProcess:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (subprocess.Popen, (["touch", str(self.path)],))
+
+
+def _malicious_payloads(marker: Path) -> dict[str, object]:
+    command = f"touch {marker}"
+    return {
+        "top_level": _RunsCommand(command),
+        "in_idx2sym": {"idx2sym": _RunsCommand(command), "lower_case": False},
+        "in_a_symbol": {"idx2sym": ["<eos>", _StartsProcess(marker)]},
+        "in_lower_case": {"idx2sym": ["<eos>", "<unk>"], "lower_case": _StartsProcess(marker)},
+    }
+
+
+def test_the_payload_is_live_under_plain_pickle(tmp_path: Path) -> None:
+    """Control: `pickle.loads` (what v4 did) really runs the command, so the refusals below mean something."""
+    marker = tmp_path / "pwned"
+    pickle.loads(pickle.dumps(_RunsCommand(f"touch {marker}")))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("case", ["top_level", "in_idx2sym", "in_a_symbol", "in_lower_case"])
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path, case: str) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(pickle.dumps(_malicious_payloads(marker)[case]))
+    with pytest.raises(LegacyVocabError, match=r"(posix|nt)\.system|subprocess\.Popen") as error:
+        load_legacy_vocab(path)
+    assert str(path) in str(error.value)
+    assert not marker.exists()
+
+
+def test_malicious_object_in_an_unused_field_is_skipped_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(pickle.dumps({"idx2sym": IDX2SYM, "moses_tokenizer": _RunsCommand(f"touch {marker}")}))
+    vocab = load_legacy_vocab(path)
+    assert vocab.idx2sym == IDX2SYM
+    assert any(name.endswith(".system") for name in vocab.skipped_globals)
+    assert not marker.exists()
+
+
+def test_malicious_folder_through_auto_tokenizer(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    shutil.copy(FIXTURES / "v4_vocab_only" / "config.json", tmp_path / "config.json")
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(_RunsCommand(f"touch {marker}")))
+    with pytest.raises(LegacyVocabError, match=r"\.system"):
+        AutoTokenizer.from_pretrained(tmp_path)
+    assert not marker.exists()
+
+
+def test_strict_mode_refuses_any_foreign_global() -> None:
+    with pytest.raises(LegacyVocabError, match=r"re\._compile"):
+        safe_load_pickle((FIXTURES / "v4_folder" / "vocab.pkl").read_bytes(), strict=True)
+
+
+def test_named_modules_are_never_imported() -> None:
+    # `this` prints the Zen of Python when imported: a module with a visible side effect that nothing else loads.
+    assert "this" not in sys.modules
+    data = b"\x80\x02cthis\nrot13\nq\x00X\x01\x00\x00\x00aq\x01\x85q\x02Rq\x03."
+    obj, skipped = safe_load_pickle(data)
+    assert skipped == {"this.rot13"}
+    assert "this" not in sys.modules
+    assert type(obj).global_name == "this.rot13"
+
+
+# ------------------------------------------------------------------------------------------------ broken files
+
+
+@pytest.mark.parametrize("name", ["v4_folder/vocab.pkl", "hub_dict/vocab.pkl"])
+def test_truncated_pickle_gives_a_clear_error(tmp_path: Path, name: str) -> None:
+    data = (FIXTURES / name).read_bytes()
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(LegacyVocabError, match=r"vocab\.pkl: .*(truncated|not a readable pickle)"):
+        load_legacy_vocab(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty"),
+        (b"this is not a pickle", "not a pickle or torch file"),
+        (b"\x80\x04\x95\xff\xff\x00\x00\x00\x00\x00\x00\xde\xad\xbe\xef", "readable pickle|truncated"),
+        (pickle.dumps({"vocab": ["a"]}), "no 'idx2sym' or 'sym2idx'"),
+        (pickle.dumps(["a", "b"]), "expected a dict"),
+        (pickle.dumps({"idx2sym": ["a", "a"]}), "lists a symbol twice"),
+        (pickle.dumps({"idx2sym": ["a", 3]}), "list of strings"),
+        (pickle.dumps({"idx2sym": []}), "empty"),
+        (pickle.dumps({"sym2idx": {"a": 0, "b": 5}}), "not 0..1"),
+        (pickle.dumps({"idx2sym": ["a"], "lower_case": "yes"}), "'lower_case' must be a bool"),
+    ],
+)
+def test_corrupt_pickle_gives_a_clear_error(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(content)
+    with pytest.raises(LegacyVocabError, match=message):
+        load_legacy_vocab(path)
+
+
+def test_missing_file_gives_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(LegacyVocabError, match="cannot read"):
+        load_legacy_vocab(tmp_path / "vocab.pkl")
+    with pytest.raises(LegacyVocabError, match=r"no vocab\.pkl or vocab\.bin"):
+        tokenizer_from_legacy_vocab(tmp_path)
+
+
+def test_truncated_torch_file_gives_a_clear_error(tmp_path: Path) -> None:
+    data = (FIXTURES / "torch_bin" / "vocab.bin").read_bytes()
+    path = tmp_path / "vocab.bin"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(LegacyVocabError, match=r"vocab\.bin: .*truncated"):
+        load_legacy_vocab(path)
+    # A zip whose central directory is intact but whose pickle is damaged: torch.load's own error, named.
+    damaged = bytearray(data)
+    start = damaged.index(b"data.pkl") + 40
+    damaged[start : start + 16] = b"\xff" * 16
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(LegacyVocabError, match=r"vocab\.bin"):
+        load_legacy_vocab(path)
+
+
+def test_torch_file_with_foreign_object_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "vocab.bin"
+    torch.save({"idx2sym": IDX2SYM, "x": _RunsCommand(f"touch {marker}")}, path)
+    with pytest.raises(LegacyVocabError, match=r"weights_only=True.*(posix|nt)\.system"):
+        load_legacy_vocab(path)
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------ AutoTokenizer
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_auto_tokenizer_gives_v4_ids_on_pretokenized_text(folder: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / folder)
+    reference = REFERENCE["references"]["v4_vocab_only"]
+    eos_id = reference["eos_id"]
+    assert tokenizer.convert_ids_to_tokens(list(range(len(IDX2SYM)))) == IDX2SYM
+    for case in reference["pretokenized"]:
+        # v4 ids of the whitespace-split line; the corpora appended <eos> per line, as add_special_tokens does here.
+        assert tokenizer.encode(case["text"], add_special_tokens=False) == case["ids"], case["text"]
+        assert tokenizer.encode(case["text"]) == [*case["ids"], eos_id], case["text"]
+
+
+def test_v4_folder_with_tokenizer_config_matches_vocab_only() -> None:
+    with_config = REFERENCE["references"]["v4_folder"]
+    vocab_only = REFERENCE["references"]["v4_vocab_only"]
+    assert with_config["pretokenized"] == vocab_only["pretokenized"]
+
+
+def test_v4_moses_pipeline_mangled_pretokenized_text() -> None:
+    """Why the parity reference for pre-tokenized text is the vocabulary lookup of the split line (see fixtures)."""
+    case = REFERENCE["references"]["v4_vocab_only"]["pretokenized"][1]
+    assert "@-@" in case["text"].split()
+    assert "@-@" not in case["v4_tokenize"]  # v4's tokenize() turned "@-@" into "@ - @"
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode(case["text"], add_special_tokens=False)) == (
+        case["text"].split()
+    )
+
+
+def test_unknown_words_map_to_unk() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
+    unk_id = IDX2SYM.index("<unk>")
+    assert tokenizer.unk_token == "<unk>"
+    assert tokenizer.encode("zebra quokka the", add_special_tokens=False) == [unk_id, unk_id, IDX2SYM.index("the")]
+
+
+def test_special_tokens_are_split_out_of_text() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_folder")
+    ids = tokenizer.encode("the<unk>game<eos>", add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(ids) == ["the", "<unk>", "game", "<eos>"]
+    assert tokenizer.eos_token_id == IDX2SYM.index("<eos>")
+    assert "<formula>" in tokenizer.all_special_tokens
+
+
+@pytest.mark.parametrize(("reference_name", "lower_case"), [("v4_folder", False), ("v4_folder_lower_case", True)])
+def test_raw_text_matches_v4_or_the_documented_difference(reference_name: str, lower_case: bool) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_folder", lower_case=lower_case)
+    for case in REFERENCE["references"][reference_name]["raw"]:
+        ids = tokenizer.encode(case["text"], add_special_tokens=False)
+        if case["text"] in RAW_DIFFERENCES:
+            assert ids != case["ids"] or _words(tokenizer, case["text"]) != case["tokens"], case["text"]
+            assert _words(tokenizer, case["text"]) == RAW_DIFFERENCES[case["text"]], case["text"]
+        else:
+            assert ids == case["ids"], case["text"]
+            assert _words(tokenizer, case["text"]) == case["tokens"], case["text"]
+    assert set(RAW_DIFFERENCES) <= {case["text"] for case in REFERENCE["references"][reference_name]["raw"]}
+
+
+def test_without_eos_per_line_multi_line_text_matches_v4() -> None:
+    tokenizer = tokenizer_from_legacy_vocab(FIXTURES / "v4_folder", eos_per_line=False)
+    case = next(c for c in REFERENCE["references"]["v4_folder"]["raw"] if "\n" in c["text"])
+    assert tokenizer.encode(case["text"], add_special_tokens=False) == case["ids"]
+
+
+def test_lines_end_with_eos_like_the_corpora() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
+    eos = IDX2SYM.index("<eos>")
+    the, game = IDX2SYM.index("the"), IDX2SYM.index("game")
+    # v4's encode_file: every line (empty ones too) gets one <eos>.
+    assert tokenizer.encode("the game\n\nthe\n") == [the, game, eos, eos, the, eos]
+    assert tokenizer.encode("the game") == [the, game, eos]
+
+
+def test_decode_reverses_wikitext_conventions() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
+    text = "It sold 1 @,@ 000 copies and 3 @.@ 14 million , a role @-@ playing game ."
+    ids = tokenizer.encode(text + "\nthe game")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == (
+        "It sold 1,000 copies and 3.14 million , a role-playing game . the game"
+    )
+    assert tokenizer.decode(ids) == "It sold 1,000 copies and 3.14 million , a role-playing game .\nthe game\n"
+    # Decoding then encoding again gives the same ids: the raw-text rules re-split what the decoder joined.
+    assert tokenizer.encode(tokenizer.decode(ids)) == ids
+
+
+def test_decode_differs_from_v4_moses_detokenizer() -> None:
+    """v4 ran Moses' detokenizer (no space before punctuation) and left @-@ alone; here words keep their spaces."""
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_folder")
+    case = next(c for c in REFERENCE["references"]["v4_folder"]["raw"] if c["text"].startswith("He said"))
+    assert case["decoded"] == 'He said "it was the game" and <unk>.'
+    assert tokenizer.decode(case["ids"]) == 'He said " it was the game " and <unk> .'
+
+
+def test_saved_folder_loads_with_plain_transformers(tmp_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
+    tokenizer.save_pretrained(tmp_path)
+    assert (tmp_path / "tokenizer.json").is_file()
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+    text = "It sold 1,000 copies of the role-playing game.\nThe <unk> zebra"
+    code = (
+        "import json, sys; from transformers import AutoTokenizer; "
+        "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "assert 'transfoxl' not in sys.modules; "
+        "print(json.dumps([t.encode(sys.argv[2]), t.decode(t.encode(sys.argv[2]))]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), text], capture_output=True, text=True, check=True, timeout=120
+    )
+    ids, decoded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert ids == tokenizer.encode(text)
+    assert decoded == tokenizer.decode(tokenizer.encode(text))
+
+
+def test_auto_tokenizer_prefers_tokenizer_json(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURES / "v4_vocab_only", tmp_path / "folder")
+    folder = tmp_path / "folder"
+    build_word_level_tokenizer(["<eos>", "<unk>", "x"]).save_pretrained(folder)
+    (folder / "tokenizer_config.json").unlink()  # only config.json (transfo-xl), tokenizer.json and vocab.pkl
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert len(tokenizer) == 3
