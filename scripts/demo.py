@@ -4,8 +4,9 @@ This is the package's end-to-end demo: no download, no argument needed, about ha
 
 1. builds a character vocabulary from a few public-domain poems stored in this file (Shakespeare's sonnets and
    Shelley's "Ozymandias") and splits the characters 90/10 into a training and a validation stream;
-2. lays the training stream out the Transformer-XL way (`batch_size` contiguous columns, read segment after segment
-   so the memory of one segment is the true left context of the next);
+2. lays the training stream out the Transformer-XL way with the package's `transfoxl.data.StreamBatcher`
+   (`batch_size` contiguous columns, read segment after segment so the memory of one segment is the true left context
+   of the next, targets shifted across segment edges);
 3. trains a small `TxlForCausalLM` for a fixed number of steps, carrying the memory from step to step;
 4. measures validation bits per character (bpc) without memory, with the training memory length and with a longer
    evaluation memory: the memory is what lets Transformer-XL see past the segment boundary, so bpc goes down;
@@ -39,7 +40,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory
+from transfoxl.data import StreamBatcher
 
 # Public domain: William Shakespeare, Sonnets (1609), and Percy Bysshe Shelley, "Ozymandias" (1818).
 CORPUS = """\
@@ -302,7 +304,7 @@ TEMPERATURE = 0.8
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Data: characters -> ids -> Transformer-XL ordered segments
+# Data: characters -> ids (the Transformer-XL ordered segments come from transfoxl.data.StreamBatcher)
 
 
 def build_vocab(text: str) -> list[str]:
@@ -319,44 +321,6 @@ def encode(text: str, vocab: Sequence[str]) -> torch.Tensor:
 def decode(ids: Sequence[int] | torch.Tensor, vocab: Sequence[str]) -> str:
     """Token ids -> characters."""
     return "".join(vocab[int(i)] for i in ids)
-
-
-def batchify(stream: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Cut a 1-D token stream `[N]` into `batch_size` contiguous columns: `[B, N // B]`.
-
-    Row `b` holds tokens `[b * T, (b + 1) * T)` of the stream (`T = N // B`; the last `N % B` tokens are dropped), so
-    reading each row left to right reads the text in order. Transformer-XL needs that layout: the memory of row `b`
-    after segment `s` is the real left context of row `b` in segment `s + 1`.
-    """
-    if stream.dim() != 1:
-        raise ValueError(f"batchify expects a 1-D stream of token ids, got shape {tuple(stream.shape)}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-    columns = stream.numel() // batch_size
-    if columns < 2:
-        raise ValueError(
-            f"A stream of {stream.numel()} tokens is too short for {batch_size} columns (each needs >= 2 tokens)."
-        )
-    return stream[: columns * batch_size].view(batch_size, columns)
-
-
-def ordered_segments(columns: torch.Tensor, tgt_len: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Walk `[B, T]` columns segment by segment, in stream order: yields `(inputs, targets)`, both `[B, L]`.
-
-    `inputs = columns[:, t : t + L]` and `targets = columns[:, t + 1 : t + L + 1]` for `t = 0, tgt_len, 2 * tgt_len,
-    ...`, with `L = tgt_len` except for a shorter last segment, so that every token but the first of each row is
-    predicted exactly once. The targets are already aligned with the positions (pass them as `shift_labels=`): the
-    last position of a segment predicts the first token of the next segment, which the model's `labels=` (shifted
-    inside one segment) would lose. Both tensors are contiguous copies, safe to hand to the model.
-    """
-    if tgt_len < 1:
-        raise ValueError(f"tgt_len must be >= 1, got {tgt_len}.")
-    total = columns.shape[1]
-    for start in range(0, total - 1, tgt_len):
-        length = min(tgt_len, total - 1 - start)
-        inputs = columns[:, start : start + length].contiguous()
-        targets = columns[:, start + 1 : start + 1 + length].contiguous()
-        yield inputs, targets
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -389,7 +353,7 @@ def bits(nats: float) -> float:
     return nats / math.log(2)
 
 
-def train(model: TxlForCausalLM, train_columns: torch.Tensor, args: argparse.Namespace) -> dict[str, float]:
+def train(model: TxlForCausalLM, batcher: StreamBatcher, args: argparse.Namespace) -> dict[str, float]:
     """Train for `args.steps` segments in stream order, carrying the memory; returns the final loss and throughput.
 
     The reported loss is a running average (0.9 decay) of the per-step losses, as shown in the progress bar.
@@ -399,19 +363,15 @@ def train(model: TxlForCausalLM, train_columns: torch.Tensor, args: argparse.Nam
     warmup_steps = max(1, int(WARMUP_FRACTION * args.steps))
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup_steps, args.steps)
     memory = TxlMemory.from_config(model.config)
-    segments = ordered_segments(train_columns, args.tgt_len)
     tokens_seen, smoothed_loss = 0, None
     start = time.perf_counter()
     progress = tqdm(range(args.steps), desc="train", unit="step", dynamic_ncols=True)
     for _ in progress:
-        batch = next(segments, None)
-        if batch is None:
+        inputs, targets = batcher.next_batch()
+        if batcher.position == 1 and batcher.epoch > 0:
             # The stream wrapped around: the first segment is not the continuation of the last one, so the
             # memory of the end of the text must not be its context.
             memory.reset()
-            segments = ordered_segments(train_columns, args.tgt_len)
-            batch = next(segments)
-        inputs, targets = batch
         output = model(inputs, past_key_values=memory, shift_labels=targets)
         output.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
@@ -448,7 +408,7 @@ def evaluate_bpc(model: TxlForCausalLM, stream: torch.Tensor, tgt_len: int, mem_
     memory = TxlMemory(num_layers=model.config.n_layer, mem_len=mem_len) if mem_len > 0 else None
     total_nll = start_nll = 0.0
     total_count = start_count = 0
-    for inputs, targets in ordered_segments(stream[None], tgt_len):
+    for inputs, targets in StreamBatcher(stream, batch_size=1, tgt_len=tgt_len):
         output = model(inputs, past_key_values=memory, shift_labels=targets, use_cache=memory is not None)
         total_nll += output.losses.sum().item()
         total_count += targets.numel()
@@ -598,13 +558,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_stream, valid_stream = data[:split], data[split:]
     args = parse_args(argv, train_len=len(train_stream), valid_len=len(valid_stream))
 
-    train_columns = batchify(train_stream, args.batch_size)
+    train_batcher = StreamBatcher(train_stream, args.batch_size, args.tgt_len)
     model = build_model(len(vocab), args)
     n_params = sum(parameter.numel() for parameter in model.parameters())
-    segments_per_pass = math.ceil((train_columns.shape[1] - 1) / args.tgt_len)
     print(
         f"corpus: {len(CORPUS)} characters, vocabulary {len(vocab)}; train {len(train_stream)} "
-        f"({args.batch_size} columns of {train_columns.shape[1]}, {segments_per_pass} segments per pass), "
+        f"({args.batch_size} columns of {train_batcher.column_len}, {len(train_batcher)} segments per pass), "
         f"validation {len(valid_stream)}"
     )
     print(
@@ -612,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"tgt_len {args.tgt_len}, mem_len {args.mem_len}; {args.steps} steps"
     )
 
-    metrics: dict[str, Any] = train(model, train_columns, args)
+    metrics: dict[str, Any] = train(model, train_batcher, args)
 
     modes = [
         ("no_memory", "none (each segment alone)", 0),

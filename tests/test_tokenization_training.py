@@ -80,6 +80,11 @@ def test_word_level_lower_case(corpus: str) -> None:
     assert tokenizer.encode("SONNET", add_special_tokens=False) == [vocab["sonnet"]]
 
 
+def test_char_level_has_a_newline_token_even_from_lines_without_one() -> None:
+    tokenizer = train_char_level(["one line", "another line"])  # as a `datasets` text column gives them
+    assert tokenizer.decode(tokenizer.encode("one\nline")) == "one\nline"
+
+
 def test_char_level_round_trip(corpus: str) -> None:
     tokenizer = train_char_level([corpus])
     ids = tokenizer.encode(corpus)

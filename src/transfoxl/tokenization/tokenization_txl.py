@@ -434,7 +434,8 @@ def train_char_level(
     """Train a character-level tokenizer: every character (space and newline included) is one token.
 
     Vocabulary: `unk_token`, `eos_token`, then characters by decreasing count (at most `max_size`, each seen at least
-    `min_freq` times). `decode(encode(text)) == text` for any text made of known characters; unknown characters map
+    `min_freq` times), and the newline in any case (lines read by `datasets` come without it).
+    `decode(encode(text)) == text` for any text made of known characters; unknown characters map
     to `unk_token`. No token is added automatically: append `eos_token_id` yourself where a document ends.
     """
     counter: Counter[str] = Counter()
@@ -446,6 +447,8 @@ def train_char_level(
             progress(done)
     specials = [token for token in (unk_token, eos_token) if token]
     chars = [char for char, count in counter.most_common(max_size) if count >= min_freq and char not in specials]
+    if "\n" not in chars:  # lines from a `datasets` text column carry no newline, but the stream needs one
+        chars.append("\n")
     vocab = {token: idx for idx, token in enumerate([*specials, *chars])}
     # BPE without merges over single characters: one token per character, and no pre-tokenizer so whitespace stays.
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk_token))
