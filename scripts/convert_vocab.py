@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from transfoxl.tokenization import LegacyVocabError, load_legacy_vocab, save_atomically, tokenizer_from_legacy_vocab
+from transfoxl.tokenization import LegacyVocabError, save_atomically, tokenizer_from_legacy_vocab
 from transfoxl.tokenization.legacy_vocab import find_legacy_vocab_file
 
 
@@ -58,11 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     except (LegacyVocabError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    vocab_file = find_legacy_vocab_file(args.source) if args.source.is_dir() else args.source
-    vocab = load_legacy_vocab(vocab_file)
-    print(f"{vocab_file}: {len(vocab.idx2sym)} symbols, lower_case={vocab.lower_case}")
-    if vocab.skipped_globals:
-        print(f"skipped (never imported): {', '.join(vocab.skipped_globals)}")
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -422,3 +422,13 @@ def test_load_corpus_from_the_hub_offline(monkeypatch: pytest.MonkeyPatch) -> No
     splits = {"train": datasets.Dataset.from_dict({"content": ["a"]})}
     with pytest.raises(ValueError, match="has no 'text' column"):
         load_corpus(dataset_name="some/dataset")
+
+
+def test_batches_are_copies_not_views_of_the_stream():
+    stream = torch.arange(20)
+    batcher = StreamBatcher(stream, 1, 4)  # one column: slices would be contiguous views
+    _, targets = batcher[0]
+    targets[targets == 4] = -100  # a caller masking its targets in place
+    stream[8] = 999
+    assert batcher[1][0].tolist() == [[4, 5, 6, 7]]
+    assert batcher[2][0].tolist() == [[8, 9, 10, 11]]

@@ -12,7 +12,7 @@ import pickle
 import shutil
 import subprocess
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import pytest
@@ -253,9 +253,62 @@ def test_auto_tokenizer_gives_v4_ids_on_pretokenized_text(folder: str) -> None:
 
 
 def test_v4_folder_with_tokenizer_config_matches_vocab_only() -> None:
-    with_config = REFERENCE["references"]["v4_folder"]
-    vocab_only = REFERENCE["references"]["v4_vocab_only"]
-    assert with_config["pretokenized"] == vocab_only["pretokenized"]
+    with_config = AutoTokenizer.from_pretrained(FIXTURES / "v4_folder")
+    vocab_only = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
+    assert with_config.get_vocab() == vocab_only.get_vocab()
+
+
+# --- hostile pickles beyond imports (found in review): the reader must stay contained ------------------------------
+
+
+def write(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(data)
+    return path
+
+
+def test_build_on_an_allowed_class_cannot_change_it_for_the_process(tmp_path: Path) -> None:
+    # BUILD on collections.Counter itself would set attributes on the class for everyone.
+    data = b"\x80\x02ccollections\nCounter\nN}X\x0b\x00\x00\x00most_commonccollections\nOrderedDict\ns\x86b0}"
+    data += b"X\x07\x00\x00\x00idx2sym]X\x01\x00\x00\x00aas."
+    assert load_legacy_vocab(write(tmp_path, data)).idx2sym == ["a"]
+    assert safe_load_pickle(data)[0]["idx2sym"] == ["a"]  # in this very process, too
+    assert Counter("aab").most_common(1) == [("a", 2)]
+
+
+def test_deep_nesting_is_contained(tmp_path: Path) -> None:
+    # A tuple nested 10**6 deep used as a dict key overflows the C stack of the process hashing it.
+    data = b"\x80\x04})" + b"\x85" * 10**6 + b"K\x01s."
+    with pytest.raises(LegacyVocabError, match=r"vocab\.pkl: (the isolated reader failed|nested or sized beyond)"):
+        load_legacy_vocab(write(tmp_path, data))
+
+
+@pytest.mark.parametrize(
+    ("data", "global_name"),
+    [
+        (b"\x80\x04cbuiltins\nbytearray\nJ\x00\x00\x00\x80\x85R.", "builtins.bytearray"),  # 2 GiB for 31 bytes
+        (b"\x80\x04cbuiltins\nstr\nC\x03abcX\x04\x00\x00\x00idna\x86R.", "builtins.str"),  # a codec import
+    ],
+)
+def test_allocating_or_codec_reaching_globals_are_not_resolved(data: bytes, global_name: str) -> None:
+    with pytest.raises(LegacyVocabError, match=f"refusing to load the global '{global_name}'"):
+        safe_load_pickle(data, strict=True)
+    obj, skipped = safe_load_pickle(data)  # lenient mode: an inert placeholder, nothing allocated or imported
+    assert skipped == {global_name} and not isinstance(obj, (str, bytes, bytearray))
+
+
+def test_python2_builtin_names_are_understood(tmp_path: Path) -> None:
+    data = pickle.dumps({"idx2sym": ["a", "b"], "special": frozenset()}, protocol=2).replace(
+        b"builtins", b"__builtin__"
+    )
+    assert b"__builtin__" in data
+    fields, skipped = safe_load_pickle(data, strict=True)
+    assert fields["special"] == frozenset() and not skipped
+
+
+def test_missing_special_tokens_get_v4s_ids() -> None:
+    tokenizer = build_word_level_tokenizer(["the", "game", "a"], additional_special_tokens=["<formula>"])
+    assert [tokenizer.convert_tokens_to_ids(token) for token in ("<eos>", "<unk>", "<formula>")] == [3, 4, 5]
 
 
 def test_v4_moses_pipeline_mangled_pretokenized_text() -> None:

@@ -457,7 +457,7 @@ class StreamBatcher:
         block = columns[first : first + self.local_batch_size]
         if world_size > 1:
             block = block.clone()
-        self.columns = block.to(device=device, dtype=torch.long)  # [b, T]: this process's columns
+        self.columns = block.to(device=device, dtype=torch.long, copy=True)  # [b, T]: this process's own copy
         self.epoch = 0
         self.position = 0
 
@@ -483,7 +483,8 @@ class StreamBatcher:
             raise IndexError(f"segment {index} out of range: {len(self)} segments per epoch.")
         start = index * self.tgt_len
         end = min(start + self.tgt_len, self.column_len - 1)
-        return self.columns[:, start:end].contiguous(), self.columns[:, start + 1 : end + 1].contiguous()
+        # Copies, never views: a caller editing its targets in place (masking, say) must not edit the stream.
+        return self.columns[:, start:end].clone(), self.columns[:, start + 1 : end + 1].clone()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.position >= len(self):  # restored from a state saved right after the last segment of an epoch

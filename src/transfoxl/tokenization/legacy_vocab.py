@@ -10,6 +10,10 @@ uses (`idx2sym` / `sym2idx`, `lower_case`, `delimiter`, `special`) must be plain
 `Opaque`, loading is refused with an error naming the global. The other fields of v4's pickled tokenizer `__dict__`
 (Moses objects, compiled regexes, a `Trie`) are skipped.
 
+`load_legacy_vocab` runs the unpickler in a separate process (`python -I -S`, standard library only) limited in
+memory and CPU time, so that what a crafted file can push the pickle machine into (deep nesting that overflows the C
+stack, huge allocations, long loops) ends as a `LegacyVocabError`, not as a crash or a hang of the caller.
+
 `vocab.bin` (a `torch.save` of the plain dict) is read with `torch.load(weights_only=True)`, which has its own
 allow-list; `collections.Counter` is added to it.
 """
@@ -17,7 +21,12 @@ allow-list; `collections.Counter` is added to it.
 from __future__ import annotations
 
 import io
+import json
+import os
 import pickle
+import reprlib
+import subprocess
+import sys
 import zipfile
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
@@ -35,24 +44,29 @@ __all__ = [
     "safe_load_pickle",
 ]
 
-# The only globals rebuilt as real objects. Keys are (module, name) exactly as pickle writes them; protocol 0-2
-# pickles of Python 2 origin write "__builtin__", which pickle's own fix_imports maps to "builtins" before find_class.
+# The only globals rebuilt as real objects, keyed (module, name) as pickle writes them. All are immutable C types, so
+# the BUILD opcode cannot change them for the process (`collections.Counter`, a Python class, is handed out as a fresh
+# subclass per unpickler instead). `str`, `bytes` and `bytearray` are left out: a pickle never needs them as globals,
+# and called from a pickle they reach the codec registry (imports) or allocate without bound (`bytearray(2**31)`).
 _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
     ("builtins", "dict"): dict,
     ("builtins", "list"): list,
     ("builtins", "tuple"): tuple,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
-    ("builtins", "str"): str,
-    ("builtins", "bytes"): bytes,
-    ("builtins", "bytearray"): bytearray,
     ("builtins", "int"): int,
     ("builtins", "float"): float,
     ("builtins", "complex"): complex,
     ("builtins", "bool"): bool,
-    ("collections", "Counter"): Counter,
     ("collections", "OrderedDict"): OrderedDict,
 }
+# Python 2 module names that protocol 0-2 pickles may use (find_class is called with them untranslated).
+_PYTHON2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
+# Limits of the isolated process that reads a vocab.pkl: a hostile file can at worst exhaust these.
+READER_MEMORY_BYTES = 4 * 2**30
+READER_CPU_SECONDS = 120
+# Pre-1.6 torch files start with a pickled magic number (protocol 2, LONG1 of 10 bytes).
+_LEGACY_TORCH_PREFIX = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
 # Files this package reads, in the order v4 looked for them.
 LEGACY_VOCAB_FILES = ("vocab.pkl", "vocab.bin")
@@ -117,17 +131,24 @@ class SafeUnpickler(pickle.Unpickler):
         self.strict = strict
         self.skipped_globals: set[str] = set()
         self._opaque_classes: dict[str, type[Opaque]] = {}
+        self._counter: type[Counter] | None = None
 
     def find_class(self, module: str, name: str) -> Any:
         # NEVER import `module` or look `name` up: resolve from the table, or hand back an inert class.
+        module = _PYTHON2_MODULES.get(module, module)
+        if (module, name) == ("collections", "Counter"):
+            if self._counter is None:  # a class of this unpickler's own: BUILD on it cannot touch collections.Counter
+                self._counter = type("Counter", (Counter,), {})
+            return self._counter
         allowed = _ALLOWED_GLOBALS.get((module, name))
         if allowed is not None:
             return allowed
         dotted = f"{module}.{name}"
         if self.strict:
+            allowed_names = sorted([*(m + "." + n for m, n in _ALLOWED_GLOBALS), "collections.Counter"])
             raise LegacyVocabError(
                 f"{self.source}: refusing to load the global {dotted!r}; only plain data "
-                f"({', '.join(sorted(m + '.' + n for m, n in _ALLOWED_GLOBALS))}) is allowed"
+                f"({', '.join(allowed_names)}) is allowed"
             )
         self.skipped_globals.add(dotted)
         if dotted not in self._opaque_classes:
@@ -142,6 +163,10 @@ class SafeUnpickler(pickle.Unpickler):
 
 def safe_load_pickle(data: bytes, *, source: str = "<pickle>", strict: bool = False) -> tuple[Any, set[str]]:
     """Unpickle `data` with `SafeUnpickler`; return the object and the dotted names of the globals made `Opaque`.
+
+    This runs in the calling process: nothing outside the allow-list is imported or called, but a crafted file can
+    still exhaust memory, loop or overflow the C stack. `load_legacy_vocab` reads files in an isolated, limited
+    process for that reason; use it for files you did not make.
 
     Raises `LegacyVocabError` (naming `source`) for a truncated or corrupt pickle, and in strict mode for any global
     outside the allow-list.
@@ -236,14 +261,14 @@ def vocab_from_fields(
             raise LegacyVocabError(f"{source}: the ids of 'sym2idx' are not 0..{len(sym2idx) - 1}")
         idx2sym = sorted(sym2idx, key=sym2idx.__getitem__)
     else:
+        found = sorted(reprlib.repr(key) for key in list(fields)[:50])[:12]
         raise LegacyVocabError(
-            f"{source}: no 'idx2sym' or 'sym2idx' field (found {sorted(map(str, fields))[:12]}); "
-            "not a Transformer-XL vocabulary"
+            f"{source}: no 'idx2sym' or 'sym2idx' field (found {found}); not a Transformer-XL vocabulary"
         )
     if not idx2sym:
         raise LegacyVocabError(f"{source}: the vocabulary is empty")
     if len(set(idx2sym)) != len(idx2sym):
-        duplicates = sorted({sym for sym in idx2sym if idx2sym.count(sym) > 1})[:5]
+        duplicates = sorted(sym for sym, count in Counter(idx2sym).items() if count > 1)[:5]
         raise LegacyVocabError(f"{source}: 'idx2sym' lists a symbol twice ({duplicates})")
 
     settings: dict[str, Any] = {"lower_case": False, "delimiter": None, "special": []}
@@ -272,11 +297,7 @@ def vocab_from_fields(
 
 def _is_legacy_torch_file(data: bytes) -> bool:
     """True for torch's pre-1.6 format: a pickled magic number first (what v4 saw as "an integer")."""
-    try:
-        first, _ = safe_load_pickle(data[:64], source="", strict=True)
-    except LegacyVocabError:
-        return False
-    return first == 0x1950A86A20F9469CFC6C
+    return data.startswith(_LEGACY_TORCH_PREFIX)
 
 
 def _load_torch_file(path: Path) -> Any:
@@ -320,8 +341,69 @@ def load_legacy_vocab(path: str | Path, overrides: Mapping[str, Any] | None = No
         # pickle protocol 2+ starts with PROTO (0x80); protocol 0/1 dicts start with '(' '}' ']' or a GLOBAL 'c'.
         raise LegacyVocabError(f"{path}: not a pickle or torch file (starts with {data[:8]!r})")
     else:
-        fields, skipped = safe_load_pickle(data, source=str(path))
+        return _load_pickle_vocab_isolated(path, overrides)
     return vocab_from_fields(fields, source=str(path), skipped_globals=skipped, overrides=overrides)
+
+
+def _load_pickle_vocab(path: str, overrides: Mapping[str, Any] | None) -> LegacyVocab:
+    """In this process: unpickle `path` with `SafeUnpickler` and validate its fields."""
+    fields, skipped = safe_load_pickle(Path(path).read_bytes(), source=path)
+    return vocab_from_fields(fields, source=path, skipped_globals=skipped, overrides=overrides)
+
+
+# Runs in the isolated reader: this file executed with the standard library only (python -I -S), answering JSON.
+_READER = """
+import json, runpy, sys
+module = runpy.run_path(sys.argv[1])
+try:
+    vocab = module["_load_pickle_vocab"](sys.argv[2], json.loads(sys.argv[3]))
+    answer = {"vocab": {key: getattr(vocab, key) for key in ("idx2sym", "lower_case", "delimiter", "special",
+                                                             "skipped_globals")}}
+except module["LegacyVocabError"] as error:
+    answer = {"error": str(error)}
+except (RecursionError, MemoryError) as error:
+    answer = {"error": sys.argv[2] + ": nested or sized beyond what a vocabulary needs (" + type(error).__name__ + ")"}
+print(json.dumps(answer))
+"""
+
+
+def _limit_reader_resources() -> None:  # pragma: no cover - runs in the child process
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (READER_MEMORY_BYTES, READER_MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_CPU, (READER_CPU_SECONDS, READER_CPU_SECONDS))
+
+
+def _load_pickle_vocab_isolated(path: Path, overrides: Mapping[str, Any] | None) -> LegacyVocab:
+    """Read a pickled vocabulary in a separate process limited in memory and CPU time (POSIX).
+
+    The allow-list already keeps the file from importing or calling anything; the process boundary also contains
+    what the pickle machine itself can be pushed into by a crafted file (C-stack overflow on deep nesting, huge
+    allocations, long loops): the caller gets a `LegacyVocabError`, not a crash or a hang.
+    """
+    command = [sys.executable, "-I", "-S", "-c", _READER, __file__, str(path), json.dumps(dict(overrides or {}))]
+    try:
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=2 * READER_CPU_SECONDS,
+            preexec_fn=_limit_reader_resources if os.name == "posix" else None,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise LegacyVocabError(f"{path}: reading the vocabulary took over {2 * READER_CPU_SECONDS} s") from error
+    if result.returncode != 0:
+        reason = f"signal {-result.returncode}" if result.returncode < 0 else f"exit code {result.returncode}"
+        detail = result.stderr.strip().splitlines()[-1:] or [""]
+        raise LegacyVocabError(
+            f"{path}: the isolated reader failed ({reason}) {detail[0]}; the file is malformed, hostile or needs more "
+            f"than {READER_MEMORY_BYTES // 2**30} GiB of memory"
+        )
+    answer = json.loads(result.stdout)
+    if "error" in answer:
+        raise LegacyVocabError(answer["error"])
+    return LegacyVocab(source=str(path), **answer["vocab"])
 
 
 def find_legacy_vocab_file(folder: str | Path) -> Path | None:

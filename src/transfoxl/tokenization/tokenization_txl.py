@@ -213,10 +213,11 @@ def build_word_level_tokenizer(
     if len(set(symbols)) != len(symbols):
         raise ValueError("idx2sym: every symbol must be unique")
     vocab = {symbol: idx for idx, symbol in enumerate(symbols)}
-    if unk_token not in vocab:
-        vocab[unk_token] = len(vocab)  # WordLevel maps unknown words to a vocabulary entry, not an added token
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
     specials = [token for token in (eos_token, unk_token, *additional_special_tokens) if token]
+    for token in specials:  # missing ones get the next ids in v4's order: eos, unk, then the additional ones
+        if token not in vocab:
+            vocab[token] = len(vocab)  # in the vocabulary: WordLevel maps unknown words to an entry of it
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
     tokenizer.normalizer = wikitext_normalizer(
         lower_case=lower_case, eos_token=eos_token if eos_per_line else None, moses_rules=moses_rules
     )
