@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import transfoxl
+from tests.utils import load_script
 from transfoxl.data import StreamBatcher
-
-DEMO_PATH = Path(__file__).resolve().parents[1] / "scripts" / "demo.py"
-
-
-def load_demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("transfoxl_demo_script", DEMO_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -40,7 +30,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.mark.usefixtures("one_thread")
 def test_demo_runs_saves_and_reloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    demo = load_demo()
+    demo = load_script("demo")
     # The demo lays its stream out with the package's batcher (its layout is tested in tests/test_data.py).
     assert demo.StreamBatcher is StreamBatcher
 

@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from transformers import AutoTokenizer
 
+from tests.utils import load_script
 from transfoxl.tokenization import train_byte_level_bpe, train_char_level, train_word_level
 
-ROOT = Path(__file__).resolve().parents[1]
 MULTILINGUAL = (
     "héllo wörld ✓ — «ça va?» 日本語のテキスト, Ελληνικά, русский, עברית 🚀🧪👩‍💻 e\u0301 \t tab\r\nCRLF\n\n"
 )
 
 
-def load_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"transfoxl_{name}_script", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def corpus() -> str:
-    return load_module("demo").CORPUS
+    return load_script("demo").CORPUS
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +119,7 @@ def test_train_script_on_a_text_file(tmp_path: Path, kind: str, corpus: str) -> 
     text_file = tmp_path / "train.txt"
     text_file.write_text(corpus, encoding="utf-8")
     out = tmp_path / "out"
-    script = load_module("train_tokenizer")
+    script = load_script("train_tokenizer")
     args = ["--kind", kind, "--text-file", str(text_file), "--out", str(out), "--no-progress"]
     assert script.main([*args, "--vocab-size", "300"]) == 0
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -148,7 +139,7 @@ def test_train_script_on_a_datasets_corpus(tmp_path: Path, corpus: str) -> None:
     data.mkdir()
     (data / "train.txt").write_text(corpus, encoding="utf-8")
     out = tmp_path / "out"
-    script = load_module("train_tokenizer")
+    script = load_script("train_tokenizer")
     argv = ["--kind", "char", "--dataset", str(data), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
     argv += ["--split", "train", "--out", str(out)]
     assert script.main(argv) == 0

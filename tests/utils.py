@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
@@ -38,3 +42,12 @@ def tiny_lm(seed: int = 0, **overrides) -> TxlForCausalLM:
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
     return model.eval()
+
+
+def load_script(name: str) -> ModuleType:
+    """Import `scripts/<name>.py` (the scripts are files, not a package) as a module of its own."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"transfoxl_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
