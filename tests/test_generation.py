@@ -157,6 +157,12 @@ def test_left_padded_batch_generates_what_each_prompt_generates_alone(variant, m
         assert torch.equal(generated[row, longest:], alone[0, len(prompt) :]), row
 
 
+def test_padding_with_no_memory_keeps_nothing():
+    model = tiny_lm(mem_len=0)
+    memory = model(ids(1, 4, low=1), attention_mask=torch.tensor([[0, 1, 1, 1]])).past_key_values
+    assert memory.padding is None and memory.get_seq_length() == 0
+
+
 def test_padding_in_the_memory_is_never_attended():
     model = tiny_lm(mem_len=16)
     real = ids(1, 5, seed=7, low=1)

@@ -257,7 +257,7 @@ class TxlMemory(Cache):
             raise ValueError(f"TxlMemory needs num_layers >= 1 and mem_len >= 0, got {num_layers} and {mem_len}.")
         super().__init__(layers=[TxlMemoryLayer(mem_len) for _ in range(num_layers)])
         self.mem_len = mem_len
-        self.padding: torch.Tensor | None = None  # [B, M] bool, True = padding
+        self._padding = SlidingWindow(dim=1, max_len=mem_len)  # [B, M] bool, True = padding
 
     @classmethod
     def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
@@ -296,36 +296,35 @@ class TxlMemory(Cache):
         positions held before it, and keep the last `mem_len`."""
         if segment_padding is None and self.padding is None:
             return
-        if self.mem_len == 0:
-            self.padding = None
+        if self.mem_len == 0:  # nothing is kept, padding flags included
             return
         device = (segment_padding if segment_padding is not None else self.padding).device
         if segment_padding is None:
             segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
-        previous = self.padding
-        if previous is None:
-            previous = torch.zeros(batch, memory_length, dtype=torch.bool, device=device)
-        self.padding = torch.cat([previous.to(device), segment_padding], dim=1)[:, -self.mem_len :]
+        if self.padding is None:  # first padded segment: the positions already held were not padding
+            self._padding.replace(torch.zeros(batch, memory_length, dtype=torch.bool, device=device))
+        self._padding.append(segment_padding)
 
-    def _apply_to_padding(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        if self.padding is not None:
-            self.padding = function(self.padding)
+    @property
+    def padding(self) -> torch.Tensor | None:
+        """`[B, M]` bool, True where a memory position was padding; None when nothing was ever padded."""
+        return self._padding.value
 
     def reset(self) -> None:
         super().reset()
-        self.padding = None
+        self._padding.replace(None)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
-        self._apply_to_padding(lambda padding: padding.index_select(0, beam_idx.to(padding.device)))
+        self._padding.map(lambda padding: padding.index_select(0, beam_idx.to(padding.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)
-        self._apply_to_padding(lambda padding: padding.repeat_interleave(repeats, dim=0))
+        self._padding.map(lambda padding: padding.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
-        self._apply_to_padding(lambda padding: padding[indices])
+        self._padding.map(lambda padding: padding[indices])
 
     @property
     def batch_size(self) -> int:
@@ -1164,8 +1163,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         name = "labels" if labels is not None else "shift_labels"
         if tuple(given.shape) != (batch, q_len):
             raise ValueError(f"{name} must have the input's shape {(batch, q_len)}, got {tuple(given.shape)}.")
-        targets = shift_labels if labels is None else F.pad(labels[:, 1:], (0, 1), value=-100)  # t predicts t + 1
-        return targets
+        return shift_labels if labels is None else F.pad(labels[:, 1:], (0, 1), value=-100)  # t predicts t + 1
 
     def _check_targets(self, targets: torch.Tensor, allow_all_ignored: bool) -> None:
         """Targets must be token ids or -100; anything else would silently add a loss of 0."""
