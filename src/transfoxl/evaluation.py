@@ -1,0 +1,181 @@
+"""Evaluation of a Transformer-XL language model over a token stream, the paper's way: in order, with memory.
+
+`evaluate_stream(model, stream, tgt_len=..., mem_len=...)` reads the stream with `StreamBatcher` (segments of
+`tgt_len`, `batch_size` contiguous columns), carries a memory of `mem_len` positions from segment to segment, and sums
+the negative log-likelihood of every target. Working memory stays bounded whatever the stream's length: one segment of
+activations plus the memory. The paper's evaluation options (a memory longer than in training, `clamp_len`,
+`same_length`) apply for the call only (`evaluation_settings`), the model's config is restored afterwards.
+
+Shape legend: `N` tokens in the stream, `B` columns (`batch_size`), `L` the segment length (`tgt_len`), `M` the memory
+length (`mem_len`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import StreamBatcher
+from .modeling_txl import TxlMemory
+
+__all__ = ["StreamEvaluation", "evaluate_stream", "evaluation_settings", "is_character_level"]
+
+LN2 = math.log(2)
+
+
+@dataclass
+class StreamEvaluation:
+    """Sums over the targets of one evaluation; `merge` adds those of other columns or processes.
+
+    `loss` is the mean negative log-likelihood per target in nats, `perplexity = exp(loss)`, `bits_per_token =
+    loss / ln 2` (bits per character for a character-level tokenizer).
+    """
+
+    nll_sum: float
+    num_targets: int
+    tgt_len: int
+    mem_len: int
+    clamp_len: int
+    same_length: bool
+
+    @property
+    def loss(self) -> float:
+        return self.nll_sum / self.num_targets if self.num_targets else math.nan
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss) if self.loss < 700 else math.inf
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.loss / LN2
+
+    def merge(self, other: StreamEvaluation) -> StreamEvaluation:
+        """The evaluation of both sets of targets (same settings)."""
+        return StreamEvaluation(
+            self.nll_sum + other.nll_sum,
+            self.num_targets + other.num_targets,
+            self.tgt_len,
+            self.mem_len,
+            self.clamp_len,
+            self.same_length,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "bits_per_token": self.bits_per_token,
+        }
+
+
+def is_character_level(tokenizer: Any) -> bool:
+    """Whether every non-special token of `tokenizer` is one character: bits per token are then bits per character."""
+    specials = set(getattr(tokenizer, "all_special_tokens", []))
+    vocab = tokenizer.get_vocab()
+    return all(len(token) == 1 for token in vocab if token not in specials)
+
+
+@contextlib.contextmanager
+def evaluation_settings(
+    model: Any,
+    *,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    memory_init: str | None = None,
+) -> Iterator[None]:
+    """Within the block, the model's config uses `clamp_len` / `same_length` / `memory_init` (None: unchanged);
+    restored on exit, also when the block raises.
+
+    All are read at every forward, so changing them needs no new weights: the paper evaluates with a longer memory,
+    `clamp_len` and `same_length` than it trains with.
+    """
+    config = model.config
+    names = ("clamp_len", "same_length", "memory_init")
+    saved = {name: getattr(config, name) for name in names}
+    if clamp_len is not None:
+        if not isinstance(clamp_len, int) or isinstance(clamp_len, bool):
+            raise ValueError(f"clamp_len must be an integer (<= 0: no clamping), got {clamp_len!r}.")
+        config.clamp_len = clamp_len
+    if same_length is not None:
+        config.same_length = bool(same_length)
+    if memory_init is not None:
+        config.memory_init = memory_init
+    try:
+        yield
+    finally:
+        for name in names:
+            setattr(config, name, saved[name])
+
+
+@torch.no_grad()
+def evaluate_stream(
+    model: Any,
+    stream: torch.Tensor | Sequence[int] | StreamBatcher,
+    *,
+    tgt_len: int,
+    mem_len: int,
+    batch_size: int = 1,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    max_segments: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool | str = False,
+) -> StreamEvaluation:
+    """Negative log-likelihood of a token stream `[N]` read in order with a memory (model put in eval mode).
+
+    The stream is laid out by `StreamBatcher(stream, batch_size, tgt_len, rank=rank, world_size=world_size)`: every
+    token of a column but its first is a target, exactly once (with `batch_size=1`, all `N - 1` tokens after the
+    first). `mem_len` may differ from the training memory (0: each segment alone). `clamp_len` / `same_length`
+    override the config for this call. `max_segments` stops early (a quick estimate during training). With several
+    processes each returns the sums of its own columns: add them (`StreamEvaluation.merge`, or an all-reduce).
+    A `StreamBatcher` may be passed instead of a stream: it is read from its first segment, its position unchanged.
+    """
+    if not isinstance(mem_len, int) or isinstance(mem_len, bool) or mem_len < 0:
+        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}.")
+    if max_segments is not None and max_segments < 1:
+        raise ValueError(f"max_segments must be >= 1 or None, got {max_segments!r}.")
+    device = next(model.parameters()).device
+    if isinstance(stream, StreamBatcher):
+        batcher = stream
+        if batcher.tgt_len != tgt_len:
+            raise ValueError(f"The StreamBatcher has tgt_len {batcher.tgt_len}, evaluate_stream got {tgt_len}.")
+    else:
+        batcher = StreamBatcher(stream, batch_size, tgt_len, rank=rank, world_size=world_size, device=device)
+    n_segments = len(batcher) if max_segments is None else min(max_segments, len(batcher))
+    was_training = model.training
+    model.eval()
+    memory = TxlMemory.from_config(model.config, mem_len) if mem_len > 0 else None
+    nll_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no host sync per segment
+    num_targets = 0
+    description = progress if isinstance(progress, str) else f"eval mem_len={mem_len}"
+    try:
+        # mem_len 0 means each segment alone. Without this, a model with memory_init="zeros" (v4's behaviour) would
+        # attend to config.mem_len zero vectors in every segment; v4 itself used no memory at all when mem_len was 0.
+        memory_init = "empty" if mem_len == 0 else None
+        with evaluation_settings(model, clamp_len=clamp_len, same_length=same_length, memory_init=memory_init):
+            for index in tqdm(range(n_segments), desc=description, disable=not progress, leave=False):
+                inputs, targets = batcher[index]
+                inputs, targets = inputs.to(device), targets.to(device)
+                output = model(
+                    inputs,
+                    past_key_values=memory,
+                    use_cache=memory is not None,
+                    shift_labels=targets,
+                    return_logits=False,
+                )
+                nll_sum += output.losses.sum(dtype=torch.float64)
+                num_targets += targets.numel()
+            config = model.config
+            settings = {"clamp_len": config.clamp_len, "same_length": bool(config.same_length)}
+    finally:
+        model.train(was_training)
+    return StreamEvaluation(float(nll_sum), num_targets, tgt_len, mem_len, **settings)

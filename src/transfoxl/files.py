@@ -1,0 +1,135 @@
+"""Writing files so that nothing a user saved is ever replaced by a half-written one.
+
+Every writer here writes under a temporary name in the destination folder (same file system, so the final
+`os.replace` / `os.rename` is atomic), flushes to disk, then renames. A process killed at any moment leaves either the
+old file or the new one, plus at worst a hidden temporary (`.name.*.tmp`, `.staging-*`) that the next write ignores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "atomic_folder",
+    "fsync_tree",
+    "save_pretrained_atomically",
+    "write_bytes_atomically",
+    "write_json_atomically",
+    "write_text_atomically",
+]
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform / file system lets a folder be opened for fsync
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike[str]) -> None:
+    """Flush every file under `root`, and the folders, to disk."""
+    root = Path(root)
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as file:
+                os.fsync(file.fileno())
+    for path in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(path)
+    _fsync_dir(root)
+
+
+def write_bytes_atomically(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+        os.replace(tmp_name, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def write_json_atomically(path: str | os.PathLike[str], data: Any) -> None:
+    """`data` as indented JSON (UTF-8, a final newline); NaN and infinity are written as null."""
+    write_text_atomically(path, json.dumps(_finite(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float) and (data != data or data in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a hidden staging folder next to `final`; on success it is flushed and renamed to `final` in one step.
+
+    `final` must not exist yet. On an exception the staging folder is removed and `final` is untouched, so a folder
+    named `final` is always complete.
+    """
+    final = Path(final)
+    if final.exists():
+        raise FileExistsError(f"{final} already exists; it would be replaced.")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".staging-{final.name}-"))
+    try:
+        yield staging
+        fsync_tree(staging)
+        os.rename(staging, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def save_pretrained_atomically(obj: Any, out: str | os.PathLike[str]) -> list[Path]:
+    """`obj.save_pretrained` (a model, tokenizer or config) into `out`, each file moved into place by a rename.
+
+    The files are written into a staging folder inside `out`, flushed, then renamed one by one over any file of the
+    same name: a reader sees each file either old or new, never partial. Returns the paths written.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".staging-"))
+    try:
+        obj.save_pretrained(staging)
+        fsync_tree(staging)
+        names = sorted(path.name for path in staging.iterdir() if path.is_file())
+        for name in names:
+            os.chmod(staging / name, 0o666 & ~_umask())  # transformers writes model.safetensors as 0600
+            os.replace(staging / name, out / name)
+        _fsync_dir(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / name for name in names]

