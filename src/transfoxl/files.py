@@ -12,12 +12,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "atomic_folder",
+    "fsync_dir",
     "fsync_tree",
     "save_pretrained_atomically",
     "write_bytes_atomically",
@@ -26,7 +25,8 @@ __all__ = [
 ]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a folder's entries (renames, new files) to disk, where the platform allows it."""
     with contextlib.suppress(OSError):  # not every platform / file system lets a folder be opened for fsync
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -43,8 +43,8 @@ def fsync_tree(root: str | os.PathLike[str]) -> None:
             with open(path, "rb") as file:
                 os.fsync(file.fileno())
     for path in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_dir(path)
-    _fsync_dir(root)
+        fsync_dir(path)
+    fsync_dir(root)
 
 
 def write_bytes_atomically(path: str | os.PathLike[str], data: bytes) -> None:
@@ -57,9 +57,10 @@ def write_bytes_atomically(path: str | os.PathLike[str], data: bytes) -> None:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+        # mkstemp makes 0600 files: keep the mode of the file replaced, else give a new file's usual mode.
+        os.chmod(tmp_name, path.stat().st_mode & 0o7777 if path.exists() else _FILE_MODE)
         os.replace(tmp_name, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
@@ -85,32 +86,21 @@ def _finite(data: Any) -> Any:
     return data
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (`os.umask` sets it while reading, which
+    would race with threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-@contextlib.contextmanager
-def atomic_folder(final: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a hidden staging folder next to `final`; on success it is flushed and renamed to `final` in one step.
-
-    `final` must not exist yet. On an exception the staging folder is removed and `final` is untouched, so a folder
-    named `final` is always complete.
-    """
-    final = Path(final)
-    if final.exists():
-        raise FileExistsError(f"{final} already exists; it would be replaced.")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".staging-{final.name}-"))
-    try:
-        yield staging
-        fsync_tree(staging)
-        os.rename(staging, final)
-        _fsync_dir(final.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+_FILE_MODE = 0o666 & ~_read_umask()  # what open() would give a new file
 
 
 def save_pretrained_atomically(obj: Any, out: str | os.PathLike[str]) -> list[Path]:
@@ -125,11 +115,14 @@ def save_pretrained_atomically(obj: Any, out: str | os.PathLike[str]) -> list[Pa
     try:
         obj.save_pretrained(staging)
         fsync_tree(staging)
+        folders = sorted(path.name for path in staging.iterdir() if path.is_dir())
+        if folders:  # only whole files are moved into place; nothing is silently left out
+            raise ValueError(f"save_pretrained wrote folders {folders}: save_pretrained_atomically moves files only.")
         names = sorted(path.name for path in staging.iterdir() if path.is_file())
         for name in names:
-            os.chmod(staging / name, 0o666 & ~_umask())  # transformers writes model.safetensors as 0600
+            os.chmod(staging / name, _FILE_MODE)  # transformers writes model.safetensors as 0600
             os.replace(staging / name, out / name)
-        _fsync_dir(out)
+        fsync_dir(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [out / name for name in names]
