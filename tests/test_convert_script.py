@@ -1,0 +1,444 @@
+"""`scripts/convert.py`: a transformers-v4 checkpoint -> a `txl` folder that reproduces v4 and loads on its own.
+
+The acceptance tests convert each v4 fixture of `tests/fixtures/legacy` (saved by transformers 4.37.2), load the result
+natively and run the parity checks of `tests/test_legacy_parity.py` on it, against the outputs v4 recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import tests.test_legacy_parity as parity
+from tests.utils import load_script
+from transfoxl import TxlConfig, TxlForCausalLM
+from transfoxl.tokenization import tokenizer_from_legacy_vocab
+
+ROOT = Path(__file__).resolve().parents[1]
+LEGACY = ROOT / "tests" / "fixtures" / "legacy"
+TOKENIZER_FIXTURES = ROOT / "tests" / "fixtures" / "tokenizer"
+TOKENIZER_REFERENCE = json.loads((TOKENIZER_FIXTURES / "reference.json").read_text(encoding="utf-8"))
+NAMES = sorted(path.name for path in LEGACY.iterdir() if path.is_dir())
+CODE_FILES = {"configuration_txl.py", "modeling_txl.py"}
+MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "README.md", *CODE_FILES}
+# The comparisons of tests/test_legacy_parity.py, each called with (model, reference).
+PARITY_CHECKS = (
+    parity.test_segments_with_memory,
+    parity.test_losses_with_memory,
+    parity.test_losses_with_ignored_labels,
+    parity.test_one_call_longer_than_mem_len,
+    parity.test_continuing_from_v4_mems,
+    parity.test_greedy_generation,
+)
+VERIFIED = re.compile(r"log-probabilities ([0-9.e+-]+|inf), of memories ([0-9.e+-]+|inf)")
+
+convert = load_script("convert")
+
+
+def legacy_folder(tmp_path: Path, name: str = "adaptive_div2", weight_file: str = "model.safetensors") -> Path:
+    """A v4 folder as on the Hub: config.json and one weight file of fixture `name`."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(LEGACY / name / "config.json", folder / "config.json")
+    shutil.copy(LEGACY / name / weight_file, folder / Path(weight_file).name)
+    return folder
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """Every file and folder under `folder`, with the files' SHA-256."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
+        for path in folder.rglob("*")
+    }
+
+
+def small_vocab_pickle(size: int) -> bytes:
+    """A v4 vocab.pkl (plain data, as the Hub's) of the tokenizer fixture's first `size` symbols."""
+    idx2sym = TOKENIZER_REFERENCE["idx2sym"][:size]
+    fields = {
+        "idx2sym": idx2sym,
+        "sym2idx": {sym: idx for idx, sym in enumerate(idx2sym)},
+        "special": ["<eos>", "<unk>", "<formula>"],
+        "lower_case": False,
+        "delimiter": None,
+    }
+    return pickle.dumps(fields, protocol=2)
+
+
+def reported_diffs(printed: str) -> tuple[float, float]:
+    match = VERIFIED.search(printed)
+    assert match, printed
+    return float(match.group(1)), float(match.group(2))
+
+
+# ------------------------------------------------------------------------------------------------ acceptance
+
+
+@pytest.mark.parametrize(
+    ("name", "weight_file"),
+    [(name, weights) for name in NAMES for weights in parity.WEIGHT_FILES]
+    + [("adaptive_div2", "legacy_format/pytorch_model.bin")],
+    ids=lambda value: value.replace("/", "-"),
+)
+def test_converted_folder_reproduces_v4(tmp_path: Path, capsys, name: str, weight_file: str) -> None:
+    source = legacy_folder(tmp_path, name, weight_file)
+    before = digest(source)
+    out = tmp_path / "out"
+    assert convert.main([str(source), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "verification: passed" in printed and "no vocabulary" in printed
+    assert max(reported_diffs(printed)) <= 1e-6
+
+    assert digest(source) == before  # SOURCE is only read
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]  # no staging folder left behind
+    assert set(os.listdir(out)) == MODEL_FILES  # model only: the source has no vocabulary
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "txl" and config["memory_init"] == "zeros"
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_txl.TxlForCausalLM"
+    keys = set(load_file(out / "model.safetensors"))
+    assert "transformer.layers.0.attention.qkv_proj.weight" in keys and "adaptive_softmax.output_layers.0.bias" in keys
+    assert not [key for key in keys if re.search(r"dec_attn|pos_ff|word_emb\.|^crit\.|inv_freq|r_w_bias", key)]
+
+    model, info = TxlForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(model.config) is TxlConfig and model.config.memory_init == "zeros"
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    reference = load_file(LEGACY / name / "reference.safetensors")
+    for check in PARITY_CHECKS:
+        check((model.eval(), reference))
+
+    card = (out / "README.md").read_text()
+    front_matter = card.split("---\n")[1]
+    assert "library_name: transformers" in front_matter and "pipeline_tag: text-generation" in front_matter
+    assert "- transformer-xl" in front_matter and "- custom_code" in front_matter
+    assert "license" not in front_matter  # the source states none
+    assert f"`{Path(weight_file).name}`" in card and "a local folder named `src`" in card
+    assert 'memory_init: "zeros"' in card and "max |difference| of log-probabilities" in card
+    assert str(tmp_path) not in card  # no absolute local paths
+
+
+def test_sharded_checkpoint(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    shutil.copy(LEGACY / "adaptive_div2" / "config.json", source)
+    tensors = load_file(LEGACY / "adaptive_div2" / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({key: tensors[key] for key in keys}, source / shard, metadata={"format": "pt"})
+    weight_map = {key: shard for shard, keys in shards.items() for key in keys}
+    (source / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    assert convert.main([str(source), str(tmp_path / "out")]) == 0
+    model = TxlForCausalLM.from_pretrained(tmp_path / "out").eval()
+    parity.test_segments_with_memory((model, load_file(LEGACY / "adaptive_div2" / "reference.safetensors")))
+    assert "`model-00002-of-00002.safetensors`" in (tmp_path / "out" / "README.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ without the package
+
+# Runs in a fresh interpreter where this package cannot be imported: only the converted folder defines the model.
+LOADER = textwrap.dedent(
+    """
+    import json, sys
+    for name in ("transfoxl", "configuration_txl", "modeling_txl"):
+        sys.modules[name] = None  # `import transfoxl` now raises ImportError
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, ids, texts = sys.argv[1], torch.tensor(json.loads(sys.argv[2])), json.loads(sys.argv[3])
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    with torch.no_grad():
+        first = model(ids[:, :5])
+        second = model(ids[:, 5:], past_key_values=first.past_key_values)
+        memory = model(ids[:, :-1]).past_key_values  # the model card's recipe: generate from a memory
+        generated = model.generate(ids[:, -1:], past_key_values=memory, max_new_tokens=4, do_sample=False)
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # no trust_remote_code: stdin is closed, no prompt waits
+    trusting = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    print()  # the trust_remote_code prompt of the first AutoTokenizer call leaves the line open
+    print(json.dumps({
+        "module": type(model).__module__,
+        "logits": torch.cat([first.logits, second.logits], 1).tolist(),
+        "generated": generated.tolist(),
+        "tokenizer": type(tokenizer).__name__,
+        "ids": [tokenizer.encode(text, add_special_tokens=False) for text in texts],
+        "trusting_ids": [trusting.encode(text, add_special_tokens=False) for text in texts],
+    }))
+    """
+)
+
+
+def test_converted_folder_with_tokenizer_loads_without_the_package(tmp_path: Path, capsys) -> None:
+    source = legacy_folder(tmp_path, "adaptive_div2", "model.safetensors")
+    # The tokenizer fixtures hold 111 symbols, the model 100 ids: a v4 vocabulary of the first 100 symbols.
+    (source / "vocab.pkl").write_bytes(small_vocab_pickle(100))
+    shutil.copy(TOKENIZER_FIXTURES / "v4_folder" / "tokenizer_config.json", source)
+    out = tmp_path / "out"
+    assert convert.main([str(source), str(out)]) == 0
+    assert "tokenizer converted from vocab.pkl (100 tokens" in capsys.readouterr().out
+    assert set(os.listdir(out)) == MODEL_FILES | {"tokenizer.json", "tokenizer_config.json"}
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert "auto_map" not in tokenizer_config and "TransfoXL" not in tokenizer_config["tokenizer_class"]
+    assert "AutoTokenizer.from_pretrained(path" in (out / "README.md").read_text()
+
+    # v4's own ids (recorded with 4.37.2) for the texts whose words all lie in the first 100 symbols.
+    v4_cases = [
+        case
+        for case in TOKENIZER_REFERENCE["references"]["v4_folder"]["pretokenized"]
+        if case["text"] and max(case["ids"]) < 100
+    ]
+    assert len(v4_cases) >= 3
+    texts = [case["text"] for case in v4_cases] + ["The state-of-the-art game sold 1,000 copies in the U.S."]
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, str(out), json.dumps(ids.tolist()), json.dumps(texts)],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = json.loads(result.stdout.strip().splitlines()[-1])
+    assert remote["module"].startswith("transformers_modules"), remote["module"]
+
+    model = TxlForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        first = model(ids[:, :5])
+        second = model(ids[:, 5:], past_key_values=first.past_key_values)
+        memory = model(ids[:, :-1]).past_key_values
+        generated = model.generate(ids[:, -1:], past_key_values=memory, max_new_tokens=4, do_sample=False)
+    expected = torch.cat([first.logits, second.logits], 1)
+    # Not bitwise: the other process may run with another number of threads, which changes the order of sums.
+    torch.testing.assert_close(torch.tensor(remote["logits"]), expected, rtol=0, atol=1e-6)
+    assert remote["generated"] == generated.tolist()
+
+    legacy_tokenizer = tokenizer_from_legacy_vocab(source)  # the package's reading of the v4 vocabulary
+    legacy_ids = [legacy_tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    assert remote["ids"] == legacy_ids and remote["trusting_ids"] == legacy_ids
+    assert [case["ids"] for case in v4_cases] == remote["ids"][: len(v4_cases)]
+    assert max(max(row) for row in legacy_ids) < model.config.vocab_size
+
+
+# ------------------------------------------------------------------------------------------------ Hub snapshots
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(tmp_path: Path, repo_id: str = "someorg/tiny-transfo-xl") -> Path:
+    """HF_HOME with `repo_id` cached as huggingface_hub lays it out: refs/main -> snapshots/<commit>/."""
+    hf_home = tmp_path / "hf_home"
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    shutil.copy(LEGACY / "adaptive_div2" / "config.json", snapshot)
+    shutil.copy(LEGACY / "adaptive_div2" / "model.safetensors", snapshot)
+    (snapshot / "README.md").write_text("---\nlicense: mit\nlanguage: en\n---\n\n# A tiny v4 Transformer-XL\n")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return hf_home
+
+
+def test_hub_repo_id_from_the_offline_cache(tmp_path: Path) -> None:
+    hf_home = hub_cache(tmp_path)
+    out = tmp_path / "converted"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "convert.py"), "someorg/tiny-transfo-xl", str(out)],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verification: passed" in result.stdout
+    card = (out / "README.md").read_text()
+    assert "[`someorg/tiny-transfo-xl`](https://huggingface.co/someorg/tiny-transfo-xl)" in card
+    assert f"(revision `{COMMIT}`)" in card and "license: mit" in card.split("---\n")[1]
+    assert str(tmp_path) not in card
+    model = TxlForCausalLM.from_pretrained(out).eval()
+    parity.test_segments_with_memory((model, load_file(LEGACY / "adaptive_div2" / "reference.safetensors")))
+
+
+def test_hub_snapshot_folder_given_as_a_path_is_named_by_repo_and_commit(tmp_path: Path) -> None:
+    snapshot = hub_cache(tmp_path) / "hub" / "models--someorg--tiny-transfo-xl" / "snapshots" / COMMIT
+    assert convert.main([str(snapshot), str(tmp_path / "out")]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"[`someorg/tiny-transfo-xl`](https://huggingface.co/someorg/tiny-transfo-xl) (revision `{COMMIT}`)" in card
+    assert str(tmp_path) not in card
+
+
+def test_hub_repo_id_offline_and_not_cached(tmp_path: Path, monkeypatch, capsys) -> None:
+    # huggingface_hub reads HF_HUB_OFFLINE / HF_HOME once at import: patch what it read.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache(tmp_path) / "hub"))
+    with pytest.raises(SystemExit) as raised:
+        convert.main(["someorg/not-downloaded", str(tmp_path / "out")])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "someorg/not-downloaded: not a local folder, and the Hub repository is not in the local cache" in error
+    assert "HF_HUB_OFFLINE" in error
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _set_config(folder: Path, **values) -> None:
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+
+
+def prepare_error(case: str, source: Path, tmp: Path) -> list[str]:
+    """Break `source` (or set up OUT) for `case`; return the command line."""
+    out = tmp / "out"
+    if case == "missing_source":
+        return [str(tmp / "nowhere"), str(out)]
+    if case == "source_is_a_file":
+        return [str(source / "config.json"), str(out)]
+    if case == "no_config":
+        (source / "config.json").unlink()
+    elif case == "already_modern":
+        _set_config(source, model_type="txl")
+    elif case == "other_model":
+        _set_config(source, model_type="gpt2")
+    elif case == "unsupported_config":
+        _set_config(source, attn_type=2)
+    elif case == "no_weights":
+        (source / "model.safetensors").unlink()
+    elif case == "truncated_safetensors":
+        _truncate(source / "model.safetensors")
+    elif case == "truncated_bin":
+        (source / "model.safetensors").unlink()
+        shutil.copy(LEGACY / "adaptive_div2" / "pytorch_model.bin", source)
+        _truncate(source / "pytorch_model.bin")
+    elif case == "vocabulary_of_another_model":
+        shutil.copy(TOKENIZER_FIXTURES / "v4_folder" / "vocab.pkl", source)  # 111 symbols, the model has 100 ids
+    elif case == "out_is_source":
+        return [str(source), str(source)]
+    elif case == "out_inside_source":
+        return [str(source), str(source / "converted")]
+    elif case == "out_contains_source":
+        return [str(source), str(tmp), "--overwrite"]
+    elif case == "out_is_a_file":
+        out.write_text("x")
+    elif case == "out_not_empty":
+        out.mkdir()
+        (out / "keep.txt").write_text("x")
+    elif case == "bad_segment_count":
+        return [str(source), str(out), "--verify-segments", "0"]
+    return [str(source), str(out)]
+
+
+ERROR_MESSAGES = {
+    "missing_source": r"nowhere: no such folder",
+    "source_is_a_file": r"is a file",
+    "no_config": r"SOURCE src: no config\.json",
+    "already_modern": r"already has model_type 'txl': it is a modern checkpoint",
+    "other_model": r"model_type 'gpt2', not 'transfo-xl'",
+    "unsupported_config": r"attn_type=2 is not supported",
+    "no_weights": r"SOURCE src: no weights file, none of model\.safetensors",
+    "truncated_safetensors": r"src/model\.safetensors: cannot be read \(truncated or corrupt file\?\)",
+    "truncated_bin": r"src/pytorch_model\.bin: cannot be read \(truncated or corrupt file\?\)",
+    "vocabulary_of_another_model": r"vocab\.pkl holds 111 tokens but the model has vocab_size=100",
+    "out_is_source": r"is SOURCE or inside it",
+    "out_inside_source": r"is SOURCE or inside it",
+    "out_contains_source": r"contains SOURCE",
+    "out_is_a_file": r"exists and is not a folder",
+    "out_not_empty": r"exists and is not empty; pass --overwrite",
+    "bad_segment_count": r"--verify-segments must be >= 1, got 0",
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_MESSAGES))
+def test_errors_name_the_problem_and_write_nothing(tmp_path: Path, capsys, case: str) -> None:
+    source = legacy_folder(tmp_path)
+    argv = prepare_error(case, source, tmp_path)
+    before = digest(tmp_path)
+    with pytest.raises(SystemExit) as raised:
+        convert.main(argv)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert re.search(ERROR_MESSAGES[case], error), error
+    assert digest(tmp_path) == before  # nothing written, SOURCE and an existing OUT untouched
+
+
+class _RunsCommand:
+    """Unpickling this with `pickle.load` (what v4 did) runs a shell command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_malicious_vocabulary_is_refused_and_never_runs(tmp_path: Path, capsys) -> None:
+    source = legacy_folder(tmp_path)
+    marker = tmp_path / "pwned"
+    (source / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": _RunsCommand(f"touch {marker}")}))
+    with pytest.raises(SystemExit):
+        convert.main([str(source), str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert "the vocabulary was refused" in error and ".system" in error
+    assert not marker.exists()
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_verification_mismatch_fails_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    original = convert.convert_state_dict
+
+    def perturbed(legacy_state, model):
+        state = original(legacy_state, model)
+        # Not a constant shift: a layer norm after the residual sum would remove that (post-LN fixture).
+        key = "transformer.layers.0.ffn.up_proj.weight"
+        state[key] = state[key] + 1e-3 * torch.randn(state[key].shape, generator=torch.Generator().manual_seed(0))
+        return state
+
+    monkeypatch.setattr(convert, "convert_state_dict", perturbed)
+    source = legacy_folder(tmp_path)
+    assert convert.main([str(source), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert "verification failed, nothing was written" in error
+    logprob_diff, memory_diff = reported_diffs(error)
+    assert logprob_diff > 1e-6 and memory_diff > 1e-6
+    assert sorted(os.listdir(tmp_path)) == ["src"]  # neither OUT nor the staging folder
+
+
+def test_overwrite_replaces_the_folder_and_memory_init_empty(tmp_path: Path, capsys) -> None:
+    source = legacy_folder(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an earlier conversion")
+    assert convert.main([str(source), str(out), "--overwrite", "--memory-init", "empty"]) == 0
+    assert "verification: passed" in capsys.readouterr().out  # compared with v4's zeros on both sides
+    assert set(os.listdir(out)) == MODEL_FILES  # the old folder is gone, not merged
+    assert json.loads((out / "config.json").read_text())["memory_init"] == "empty"
+    assert 'memory_init: "empty"' in (out / "README.md").read_text()
+    assert TxlForCausalLM.from_pretrained(out).config.memory_init == "empty"
+
+    assert convert.main([str(source), str(out), "--overwrite", "--no-verify"]) == 0
+    assert "verification: skipped" in capsys.readouterr().out
+    assert "Not verified (`--no-verify` was given)." in (out / "README.md").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]
