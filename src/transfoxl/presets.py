@@ -60,7 +60,7 @@ PRESETS: dict[str, Preset] = {
             "mem_len": 64,
             "batch_size": 16,
             "lr": 2e-3,
-            "steps": 1800,
+            "steps": 1500,
             "warmup_steps": 100,
             "eval_tgt_len": 64,
             "eval_mem_len": 256,
