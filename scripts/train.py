@@ -193,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="autocast on a GPU; fp32 (no) on CPUs, where bf16 is slow without bf16 units",
     )
     train.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
-    train.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    train.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (accelerate's inductor backend); experimental: the forward still breaks the "
+        "graph at its input checks and recompiles while the memory fills, so on a CPU compiling takes many minutes",
+    )
     train.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is there")
 
     evaluation = parser.add_argument_group("evaluation")
