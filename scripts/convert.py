@@ -395,12 +395,40 @@ def _max_abs_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
 # Writing OUT
 
 
+CONVERTED_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "configuration_txl.py",
+    "modeling_txl.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "README.md",
+}
+
+
 def check_out(out: Path, *, overwrite: bool) -> None:
-    """Refuse an OUT that is a file, or a non-empty folder unless `overwrite`."""
+    """Refuse an OUT that is a file or a link, or a non-empty folder unless `overwrite` and it holds an earlier
+    conversion and nothing else (--overwrite replaces the whole folder: it must never delete a user's other files)."""
+    if out.is_symlink():
+        raise ConversionError(f"OUT {out}: is a symbolic link; give the folder itself")
     if out.exists() and not out.is_dir():
         raise ConversionError(f"OUT {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
         raise ConversionError(f"OUT {out}: exists and is not empty; pass --overwrite to replace it")
+    foreign = sorted(path.name for path in out.iterdir() if path.name not in CONVERTED_FILES)
+    try:
+        model_type = json.loads((out / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if foreign or model_type != "txl":
+        what = f"files this script does not write: {_listing(foreign)}" if foreign else "no converted config.json"
+        raise ConversionError(
+            f"OUT {out}: --overwrite replaces only an earlier conversion, and this folder holds {what}; "
+            "choose another OUT"
+        )
 
 
 def check_apart(source: Path, out: Path) -> None:
@@ -582,6 +610,8 @@ def convert(
     Raises `ConversionError` for a problem with the input or output (nothing written), `VerificationFailed` when the
     converted model does not reproduce the legacy one (nothing written either).
     """
+    if out.name in ("", ".", "..") or out.resolve() == Path.cwd() or out.resolve() in Path.cwd().parents:
+        raise ConversionError(f"OUT {out}: give a folder by name (the output replaces it as a whole)")
     if Path(source_arg).expanduser().is_dir():  # "OUT is SOURCE" says more than "OUT is not empty"
         check_apart(Path(source_arg).expanduser(), out)
     check_out(out, overwrite=overwrite)  # before a download
@@ -661,6 +691,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ConversionError as error:
         parser.error(str(error))
+    except OSError as error:  # permissions, a full disk: one line, not a traceback
+        parser.error(f"cannot write {args.out}: {error}")
     except VerificationFailed as error:
         print(f"error: verification failed, nothing was written to {args.out}: {error}", file=sys.stderr)
         return 1

@@ -218,6 +218,18 @@ def read_run_folder(parser: argparse.ArgumentParser, run_dir: Path) -> RunFolder
     return run
 
 
+def inside_run(parser: argparse.ArgumentParser, run: RunFolder, name: Any, named_by: str) -> Path:
+    """`run.path / name` for a relative file name that stays inside RUN_DIR (no `..`, no absolute path, no link
+    out); a file name read from a JSON file must not make this script read or write anywhere else."""
+    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+    if not parts or name.startswith("/") or "\\" in name or any(part in (".", "..") for part in parts):
+        parser.error(f"{named_by} names {name!r}: expected a file name relative to RUN_DIR {run.path}")
+    path = run.path / name
+    if not path.resolve().is_relative_to(run.path.resolve()):
+        parser.error(f"{named_by} names {name!r}, which leads outside RUN_DIR {run.path}")
+    return path
+
+
 def add_weights(parser: argparse.ArgumentParser, run: RunFolder) -> None:
     """One weight file, or an index and every shard it names."""
     for name in WEIGHT_INDEX_FILES:
@@ -229,10 +241,11 @@ def add_weights(parser: argparse.ArgumentParser, run: RunFolder) -> None:
         if not isinstance(weight_map, dict) or not weight_map:
             parser.error(f"{index_path} has no weight_map")
         run.files[name] = index_path
-        for shard in sorted(set(weight_map.values())):
-            if not (run.path / shard).is_file():
+        for shard in sorted(set(weight_map.values()), key=str):
+            path = inside_run(parser, run, shard, name)
+            if not path.is_file():
                 parser.error(f"RUN_DIR {run.path}: the shard {shard} named in {name} is missing")
-            run.files[shard] = run.path / shard
+            run.files[shard] = path
         return
     for name in SINGLE_WEIGHT_FILES:
         if (run.path / name).is_file():
@@ -255,6 +268,18 @@ def auto_map_modules(auto_map: dict[str, Any]) -> list[str]:
     return sorted(set(modules))
 
 
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def module_file(parser: argparse.ArgumentParser, run: RunFolder, module: str, named_by: str) -> str:
+    """`"modeling_txl"` -> `"modeling_txl.py"`, for a dotted Python module name only (never a path)."""
+    if not MODULE_NAME.fullmatch(module):
+        parser.error(f"{named_by} names the module {module!r}: expected a Python module name such as modeling_txl")
+    name = f"{module.replace('.', '/')}.py"
+    inside_run(parser, run, name, named_by)
+    return name
+
+
 def add_code(parser: argparse.ArgumentParser, run: RunFolder) -> None:
     """The code files that `auto_map` names, and the files they import relatively (what trust_remote_code loads)."""
     auto_map = run.config.get("auto_map")
@@ -266,7 +291,7 @@ def add_code(parser: argparse.ArgumentParser, run: RunFolder) -> None:
         )
     if "AutoModelForCausalLM" not in auto_map:
         parser.error(f"{run.path / 'config.json'}: auto_map has no AutoModelForCausalLM entry ({sorted(auto_map)})")
-    pending = [f"{module.replace('.', '/')}.py" for module in auto_map_modules(auto_map)]
+    pending = [module_file(parser, run, module, "config.json's auto_map") for module in auto_map_modules(auto_map)]
     while pending:
         name = pending.pop()
         if name in run.files:
@@ -278,7 +303,7 @@ def add_code(parser: argparse.ArgumentParser, run: RunFolder) -> None:
                 "needs for trust_remote_code"
             )
         run.files[name] = path
-        pending.extend(f"{module.replace('.', '/')}.py" for module in get_relative_imports(path))
+        pending.extend(module_file(parser, run, module, name) for module in get_relative_imports(path))
 
 
 def add_tokenizer(parser: argparse.ArgumentParser, run: RunFolder) -> None:
@@ -295,7 +320,7 @@ def add_tokenizer(parser: argparse.ArgumentParser, run: RunFolder) -> None:
         tokenizer_config = read_json(parser, run.path / "tokenizer_config.json")
     if isinstance(tokenizer_config, dict) and isinstance(tokenizer_config.get("auto_map"), dict):
         for module in auto_map_modules(tokenizer_config["auto_map"]):
-            name = f"{module.replace('.', '/')}.py"
+            name = module_file(parser, run, module, "tokenizer_config.json's auto_map")
             if not (run.path / name).is_file():
                 parser.error(f"RUN_DIR {run.path} lacks {name}, which tokenizer_config.json's auto_map names")
             run.files[name] = run.path / name
@@ -975,6 +1000,9 @@ def _upload_error_message(error: BaseException, repo_id: str, revision: str | No
     )
 
 
+STALE_PATTERNS = ["*.safetensors", "*.bin", "*.index.json", "*.py", "eval/*"]
+
+
 def upload(args: argparse.Namespace, folder: Path, token: str) -> int:
     """Create the repository (and branch) if needed, commit `folder` in one commit, print the commit's address."""
     api = HfApi(token=token)
@@ -995,6 +1023,9 @@ def upload(args: argparse.Namespace, folder: Path, token: str) -> int:
             revision=revision,
             create_pr=args.create_pr,
             commit_message=commit_message,
+            # Weights, code and reports of an earlier commit must not survive next to the new ones: transformers
+            # would load a stale model.safetensors before a new sharded index.
+            delete_patterns=STALE_PATTERNS,
         )
     except errors as error:
         raise SystemExit(upload_error_message(error, args.repo_id, revision)) from None

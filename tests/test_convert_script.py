@@ -346,6 +346,14 @@ def prepare_error(case: str, source: Path, tmp: Path) -> list[str]:
     elif case == "out_not_empty":
         out.mkdir()
         (out / "keep.txt").write_text("x")
+    elif case == "overwrite_foreign_files":  # --overwrite must not delete what a user keeps there
+        out.mkdir()
+        (out / "config.json").write_text('{"model_type": "txl"}')
+        (out / "my-notes.txt").write_text("x")
+        return [str(source), str(out), "--overwrite"]
+    elif case == "out_is_a_link":
+        (tmp / "elsewhere").mkdir()
+        out.symlink_to(tmp / "elsewhere")
     elif case == "bad_segment_count":
         return [str(source), str(out), "--verify-segments", "0"]
     return [str(source), str(out)]
@@ -367,6 +375,8 @@ ERROR_MESSAGES = {
     "out_contains_source": r"contains SOURCE",
     "out_is_a_file": r"exists and is not a folder",
     "out_not_empty": r"exists and is not empty; pass --overwrite",
+    "overwrite_foreign_files": r"--overwrite replaces only an earlier conversion, and this folder holds files this",
+    "out_is_a_link": r"is a symbolic link",
     "bad_segment_count": r"--verify-segments must be >= 1, got 0",
 }
 
@@ -429,8 +439,9 @@ def test_verification_mismatch_fails_and_writes_nothing(tmp_path: Path, monkeypa
 def test_overwrite_replaces_the_folder_and_memory_init_empty(tmp_path: Path, capsys) -> None:
     source = legacy_folder(tmp_path)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("from an earlier conversion")
+    assert convert.main([str(source), str(out), "--no-verify"]) == 0  # an earlier conversion
+    (out / "tokenizer.json").write_text("{}")  # a file an earlier conversion may have had, not this one
+    capsys.readouterr()
     assert convert.main([str(source), str(out), "--overwrite", "--memory-init", "empty"]) == 0
     assert "verification: passed" in capsys.readouterr().out  # compared with v4's zeros on both sides
     assert set(os.listdir(out)) == MODEL_FILES  # the old folder is gone, not merged

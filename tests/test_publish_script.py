@@ -98,7 +98,7 @@ def run_dir(text_files: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
         reset_accelerate()
     evaluate = ["--split", "test", "--mem-len", "0,16", "--max-tokens", "600", "--no-progress"]
     assert load_script("evaluate").main([str(run), *evaluate]) == 0
-    (run / "logs").mkdir()
+    (run / "logs").mkdir(exist_ok=True)  # train.py made it already when tensorboard is installed
     (run / "logs" / "events.out").write_text("tensorboard events\n")
     (run / ".hidden").write_text("secret\n")
     (run / "eval" / ".eval-test.json.abc.tmp").write_text("half-written\n")
@@ -448,6 +448,8 @@ def test_upload_with_every_option(run_dir, hub_folder, recorded, capsys):
     upload = recorded[2][2]
     assert (upload["repo_id"], upload["repo_type"], upload["revision"]) == (REPO_ID, "model", "dev")
     assert upload["create_pr"] is True and upload["commit_message"] == "Tiny run, 3 steps"
+    # The weights, code and reports of an earlier commit are deleted in the same commit.
+    assert {"*.safetensors", "*.index.json", "*.py", "eval/*"} <= set(upload["delete_patterns"])
     assert upload["content"] == listing(hub_folder)  # the very folder of the dry run
     out = capsys.readouterr().out
     assert f"https://huggingface.co/{REPO_ID}/commit/{'a' * 40}" in out
@@ -582,6 +584,15 @@ def break_run(run_dir: Path, target: Path, how: str) -> None:
             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
         }
         (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif how == "shard outside":
+        (target.parent / "notes.safetensors").write_bytes(b"outside")
+        (target / "notes.safetensors").write_bytes(b"the user's file")
+        index = {"metadata": {}, "weight_map": {"a": "../notes.safetensors"}}
+        (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif how == "module path":
+        config = json.loads((target / "config.json").read_text())
+        config["auto_map"]["AutoModel"] = "/etc/passwd.Class"
+        (target / "config.json").write_text(json.dumps(config))
 
 
 @pytest.mark.parametrize(
@@ -598,6 +609,8 @@ def break_run(run_dir: Path, target: Path, how: str) -> None:
             "missing shard",
             "the shard model-00002-of-00002.safetensors named in model.safetensors.index.json is missing",
         ),
+        ("shard outside", "names '../notes.safetensors': expected a file name relative to RUN_DIR"),
+        ("module path", "names the module '/etc/passwd': expected a Python module name"),
     ],
 )
 def test_a_run_folder_that_cannot_be_published_is_refused(run_dir, tmp_path, capsys, how, message):
@@ -609,6 +622,8 @@ def test_a_run_folder_that_cannot_be_published_is_refused(run_dir, tmp_path, cap
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
     assert not (target / "hub-dry-run").exists()
+    if how == "shard outside":  # nothing was read from or written outside RUN_DIR
+        assert (target / "notes.safetensors").read_bytes() == b"the user's file"
 
 
 @pytest.mark.parametrize(
