@@ -150,7 +150,12 @@ def resolve_source(source: str, revision: str | None = None) -> Source:
     if not REPO_ID.match(source):
         raise ConversionError(f"SOURCE {source}: no such folder (and not a Hub repo id of the form org/name)")
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         folder = Path(snapshot_download(source, revision=revision, allow_patterns=SNAPSHOT_PATTERNS))
@@ -159,6 +164,11 @@ def resolve_source(source: str, revision: str | None = None) -> Source:
             f"SOURCE {source}: not a local folder, and the Hub repository is not in the local cache while the Hub "
             f"cannot be reached (offline mode: HF_HUB_OFFLINE=1, or no network). Download it once online, or give "
             f"the path of a local copy. ({error})"
+        ) from error
+    except GatedRepoError as error:  # a subclass of RepositoryNotFoundError: the repository exists
+        raise ConversionError(
+            f"SOURCE {source}: the Hub repository is gated: accept its conditions on its page and log in "
+            f"(`hf auth login`) first ({error})"
         ) from error
     except (RepositoryNotFoundError, RevisionNotFoundError) as error:
         raise ConversionError(f"SOURCE {source}: no such Hub repository or revision ({error})") from error

@@ -1013,6 +1013,13 @@ def upload(args: argparse.Namespace, folder: Path, token: str) -> int:
         # private=None, not False: a new public repository then follows the organization's default visibility.
         private = True if args.private else None
         repo_url = api.create_repo(args.repo_id, private=private, exist_ok=True, repo_type="model")
+        # create_repo(exist_ok=True) keeps an existing repository's visibility: never upload publicly by surprise.
+        if args.private and not api.repo_info(args.repo_id, repo_type="model").private:
+            raise SystemExit(
+                f"--private: {args.repo_id} already exists and is public; nothing was uploaded. Make it private in "
+                f"its settings on the Hub (or `HfApi().update_repo_settings(..., private=True)`), or leave out "
+                f"--private to publish it publicly."
+            )
         # A pull request's ref (refs/pr/N) exists already and is not a branch to create.
         if revision not in (None, "main") and not revision.startswith("refs/pr/"):
             api.create_branch(args.repo_id, branch=revision, exist_ok=True, repo_type="model")

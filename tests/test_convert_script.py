@@ -297,6 +297,24 @@ def test_hub_repo_id_offline_and_not_cached(tmp_path: Path, monkeypatch, capsys)
     assert not (tmp_path / "out").exists()
 
 
+def test_hub_repo_id_gated_says_how_to_get_access(tmp_path: Path, monkeypatch, capsys) -> None:
+    import httpx2  # huggingface_hub 2.4's HTTP library
+    from huggingface_hub.errors import GatedRepoError
+
+    def gated(*args, **kwargs):
+        request = httpx2.Request("GET", "https://huggingface.co/api/models/someorg/gated")
+        response = httpx2.Response(403, request=request)
+        raise GatedRepoError("403: access to model someorg/gated is restricted", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
+    with pytest.raises(SystemExit) as raised:
+        convert.main(["someorg/gated", str(tmp_path / "out")])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "someorg/gated: the Hub repository is gated: accept its conditions" in error and "hf auth login" in error
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------------------------------------ errors
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx2
 import huggingface_hub
@@ -404,10 +405,16 @@ def online(monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
 
+class RecordedCalls(list):
+    """(name, token, arguments) of every HfApi call, in order."""
+
+    repo_is_private: bool
+
+
 @pytest.fixture
-def recorded(monkeypatch, online) -> list[tuple[str, str, dict]]:
+def recorded(monkeypatch, online) -> RecordedCalls:
     """HfApi's create_repo / create_branch / upload_folder replaced by recorders: (name, token, arguments)."""
-    calls: list[tuple[str, str, dict]] = []
+    calls = RecordedCalls()
 
     def create_repo(self, repo_id, **kwargs):
         calls.append(("create_repo", self.token, {"repo_id": repo_id, **kwargs}))
@@ -429,7 +436,13 @@ def recorded(monkeypatch, online) -> list[tuple[str, str, dict]]:
             pr_url=pr_url,
         )
 
+    def repo_info(self, repo_id, **kwargs):
+        calls.append(("repo_info", self.token, {"repo_id": repo_id, **kwargs}))
+        return SimpleNamespace(private=calls.repo_is_private)
+
+    calls.repo_is_private = True  # what repo_info says of the repository (it "exists" once create_repo ran)
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "repo_info", repo_info)
     monkeypatch.setattr(HfApi, "create_branch", create_branch)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     return calls
@@ -441,11 +454,11 @@ def test_upload_with_every_option(run_dir, hub_folder, recorded, capsys):
     argv += ["--commit-message", "Tiny run, 3 steps", "--token", "hf_secret_token"]
     assert publish.main(argv) == 0
 
-    assert [name for name, _, _ in recorded] == ["create_repo", "create_branch", "upload_folder"]
+    assert [name for name, _, _ in recorded] == ["create_repo", "repo_info", "create_branch", "upload_folder"]
     assert {token for _, token, _ in recorded} == {"hf_secret_token"}
     assert recorded[0][2] == {"repo_id": REPO_ID, "private": True, "exist_ok": True, "repo_type": "model"}
-    assert recorded[1][2] == {"repo_id": REPO_ID, "branch": "dev", "exist_ok": True, "repo_type": "model"}
-    upload = recorded[2][2]
+    assert recorded[2][2] == {"repo_id": REPO_ID, "branch": "dev", "exist_ok": True, "repo_type": "model"}
+    upload = recorded[3][2]
     assert (upload["repo_id"], upload["repo_type"], upload["revision"]) == (REPO_ID, "model", "dev")
     assert upload["create_pr"] is True and upload["commit_message"] == "Tiny run, 3 steps"
     # The weights, code and reports of an earlier commit are deleted in the same commit.
@@ -642,3 +655,10 @@ def test_bad_options_are_refused(run_dir, capsys, options, message):
         publish.main([str(run_dir), *options])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_private_refuses_an_existing_public_repository(run_dir, recorded, capsys):
+    recorded.repo_is_private = False
+    with pytest.raises(SystemExit, match="already exists and is public; nothing was uploaded"):
+        publish.main([str(run_dir), "--repo-id", REPO_ID, "--private", "--token", "hf_x"])
+    assert "upload_folder" not in [name for name, _, _ in recorded]
