@@ -4,7 +4,6 @@ target is scored once, ranks add up, and the call leaves the model as it found i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,15 +18,7 @@ from transfoxl.tokenization.tokenization_txl import train_char_level, train_word
 N_TOKENS = 65
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: a tiny model gains nothing from more, and other tests may share the CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
 def random_stream(vocab_size: int, n_tokens: int = N_TOKENS, seed: int = 0) -> torch.Tensor:

