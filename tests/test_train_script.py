@@ -305,3 +305,20 @@ def test_a_config_file_and_gradient_checkpointing(text_files, tmp_path):
     assert saved["vocab_size"] == plain["tokenizer"]["vocab_size"]  # the tokenizer's, not the file's 10
     for row, other in zip(plain["history"]["train"], recomputed["history"]["train"], strict=True):
         assert other["loss"] == pytest.approx(row["loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_training_gives_the_losses_of_eager_training(text_files, tmp_path):
+    """`--compile` (inductor, static shapes, three compilations while the memory fills): same losses as eager."""
+    options = ("--steps", "6", "--dropout", "0", "--log-every", "1", "--eval-every", "6", "--sample-len", "0")
+    eager = run(text_files, tmp_path / "eager", *options)
+    reset_accelerate()  # the second Accelerator must not inherit the first one's (uncompiled) state
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = run(text_files, tmp_path / "compiled", *options, "--compile")
+    # One graph per memory length while it fills (0, 16, full 32... per the tiny preset), none after.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3
+    eager_losses = [row["loss"] for row in eager["history"]["train"]]
+    compiled_losses = [row["loss"] for row in compiled["history"]["train"]]
+    assert len(compiled_losses) == 6
+    assert compiled_losses == pytest.approx(eager_losses, abs=1e-4)

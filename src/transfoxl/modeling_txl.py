@@ -363,6 +363,21 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
     return padded[..., 1:, :].reshape(*batch_dims, q_len, k_len)
 
 
+def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch.Tensor:
+    """`relative_shift(query @ rel_key^T)` without copying the `[..., Q, K]` scores: query `[..., Q, D]`, rel_key
+    `[H, K, D]` -> `[..., Q, K]`, a strided view.
+
+    `relative_shift` pads the scores with a zero column and re-views them. Prepending a zero row to the (small)
+    rel_key makes the product itself come out padded, so the shift is only a view: no pad, fill or copy of a
+    `[B, H, Q, K + 1]` tensor (on a 2-core CPU those copies cost about as much as the product).
+    """
+    *batch_dims, q_len, _ = query.shape
+    k_len = rel_key.shape[-2]
+    padded_key = torch.cat([rel_key.new_zeros(*rel_key.shape[:-2], 1, rel_key.shape[-1]), rel_key], dim=-2)
+    padded = query @ padded_key.transpose(-1, -2)  # [..., Q, K + 1], column 0 is zero
+    return padded.view(*batch_dims, k_len + 1, q_len)[..., 1:, :].view(*batch_dims, q_len, k_len)
+
+
 def causal_memory_mask(
     q_len: int, mem_len_now: int, *, same_length: bool, max_mem_len: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -433,10 +448,12 @@ def sdpa_relative_attention(
     SDPA adds a float mask to its scaled q.k, so the positional term goes in, pre-scaled, as that mask. This fuses
     the rest but does not remove the `[B, H, Q, K]` positional tensor: memory stays O(Q K) per head.
     """
-    position_score = relative_shift((query + position_bias[:, None]) @ rel_key.transpose(-1, -2))  # [B, H, Q, K]
-    attn_bias = position_score.mul_(scaling)  # in place (a fresh tensor; no backward needs its old values)
-    if mask is not None:
-        attn_bias.masked_fill_(mask, torch.finfo(attn_bias.dtype).min)
+    # Scaled on the [B, H, Q, D] side, shifted as a view, masked in the one pass that materialises the bias.
+    position_score = shifted_position_scores((query + position_bias[:, None]) * scaling, rel_key)  # [B, H, Q, K]
+    if mask is None:
+        attn_bias = position_score
+    else:
+        attn_bias = torch.where(mask, torch.finfo(position_score.dtype).min, position_score)
     attn_output = F.scaled_dot_product_attention(
         query + content_bias[:, None], key, value, attn_mask=attn_bias, dropout_p=dropout, scale=scaling
     )
@@ -475,6 +492,17 @@ class TxlRelativeAttention(nn.Module):
         if self.config.pre_lnorm:
             weights += [self.layer_norm.weight, self.layer_norm.bias]
         return tuple((weight.data_ptr(), weight._version) for weight in weights)
+
+    def _qkv_is_plain_linear(self) -> bool:
+        """Whether `qkv_proj` is a bare `nn.Linear` (not wrapped, hooked or replaced), so its weight may be sliced."""
+        module = self.qkv_proj
+        return (
+            type(module) is nn.Linear
+            and module.bias is None
+            and not module._forward_hooks
+            and not module._forward_pre_hooks
+            and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
+        )
 
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
@@ -531,12 +559,19 @@ class TxlRelativeAttention(nn.Module):
         if self.config.pre_lnorm:
             context = self.layer_norm(context)
 
-        # The module is called (not its weight sliced), so hooks, adapters (LoRA) and quantised layers apply; the
-        # memory's queries are computed and dropped (when the memory's keys/values are kept, there are none).
         inner = self.n_head * self.d_head
-        qkv = self.qkv_proj(context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)  # [B, K or Q, 3H, D]
-        query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
-        query = query[:, :, -q_len:]  # [B, H, Q, D]
+        if context.shape[1] > q_len and self._qkv_is_plain_linear():
+            # Only the segment needs queries: slicing the weight spares the memory rows' (1/6 of the projection's
+            # FLOPs when M = Q). Hooks, adapters (LoRA) and quantised layers keep the module call below.
+            query = F.linear(context[:, -q_len:], self.qkv_proj.weight[:inner])  # [B, Q, H*D]
+            query = query.view(batch, q_len, self.n_head, self.d_head).transpose(1, 2)  # [B, H, Q, D]
+            key_value = F.linear(context, self.qkv_proj.weight[inner:])  # [B, K, 2 H*D]
+            key_value = key_value.view(batch, context.shape[1], 2 * self.n_head, self.d_head).transpose(1, 2)
+            key, value = key_value.chunk(2, dim=1)  # [B, H, K, D] each
+        else:  # the module call; the memory's queries, if any, are computed and dropped
+            qkv = self.qkv_proj(context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)
+            query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
+            query = query[:, :, -q_len:]  # [B, H, Q, D]
         if kept is not None:
             key, value = projection_store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
         elif version is not None:
@@ -564,6 +599,35 @@ class TxlRelativeAttention(nn.Module):
         return self.layer_norm(hidden_states + attn_output), attn_weights
 
 
+class _ReluDropout(torch.autograd.Function):
+    """`dropout(relu(x))` that keeps only its output for backward.
+
+    Where the output is 0, either ReLU or dropout zeroed it and the gradient is 0 either way; elsewhere the gradient
+    is `1 / (1 - p)`. So the output (which the next linear layer keeps anyway) replaces ReLU's saved output and
+    dropout's mask: two `[B, Q, d_inner]` tensors fewer per layer, and one pass fewer over them.
+    """
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.empty_like(inputs).bernoulli_(1.0 - p)
+        output = inputs.relu().mul_(keep).mul_(1.0 / (1.0 - p))
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (output,) = ctx.saved_tensors
+        return torch.where(output > 0, grad_output * ctx.scale, 0.0), None
+
+
+def relu_dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`F.dropout(F.relu(inputs), p, training)`, with the lighter backward of `_ReluDropout` when it applies."""
+    if not training or p == 0.0 or not torch.is_grad_enabled() or not inputs.requires_grad:
+        return F.dropout(F.relu(inputs), p, training)
+    return _ReluDropout.apply(inputs, p)
+
+
 class TxlFeedForward(nn.Module):
     """Position-wise feed-forward sub-layer with its residual and layer norm (pre- or post-LN)."""
 
@@ -578,7 +642,11 @@ class TxlFeedForward(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
-        output = self.dropout(self.down_proj(self.dropout(F.relu(self.up_proj(inputs)))))
+        if getattr(self, "_plain", False):
+            output = self.dropout(self.down_proj(self.dropout(F.relu(self.up_proj(inputs)))))
+        else:
+            inner = relu_dropout(self.up_proj(inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
+            output = self.dropout(self.down_proj(inner))
         if self.pre_lnorm:
             return hidden_states + output
         return self.layer_norm(hidden_states + output)
@@ -665,6 +733,12 @@ class TxlAdaptiveEmbedding(nn.Module):
         return embeddings * self.scale
 
 
+def _float_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax over the last dimension in float32, whatever the model's or autocast's dtype (bf16 keeps about
+    3 significant digits: a loss or a sampling distribution would lose them)."""
+    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+
+
 class TxlAdaptiveLogSoftmax(nn.Module):
     """Projected adaptive log-softmax: hidden states `[N, E]` -> log-probabilities `[N, V]`, or NLL of targets `[N]`.
 
@@ -712,12 +786,12 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the whole vocabulary: `[N, E]` -> `[N, V]`."""
-        head_logprobs = torch.log_softmax(self._cluster_logits(hidden_states, 0), dim=-1)  # [N, shortlist + tails]
+        head_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, 0))  # [N, shortlist + tails]
         if self.n_clusters == 1:
             return head_logprobs
         pieces = [head_logprobs[:, : self.shortlist_size]]
         for cluster in range(1, self.n_clusters):
-            tail_logprobs = torch.log_softmax(self._cluster_logits(hidden_states, cluster), dim=-1)  # [N, n_i]
+            tail_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, cluster))  # [N, n_i]
             pieces.append(head_logprobs[:, self.shortlist_size + cluster - 1, None] + tail_logprobs)
         return torch.cat(pieces, dim=-1)  # [N, V]
 
@@ -726,16 +800,25 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 
         Only the clusters that hold a target are computed, and only on the rows whose target they hold.
         """
-        head_logprobs = torch.log_softmax(self._cluster_logits(hidden_states, 0), dim=-1)  # [N, shortlist + tails]
+        head_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, 0))  # [N, shortlist + tails]
         in_head = (targets >= 0) & (targets < self.shortlist_size)
         safe_targets = torch.where(in_head, targets, 0)
         nll = -head_logprobs.gather(1, safe_targets[:, None]).squeeze(1) * in_head  # [N]
         for cluster in range(1, self.n_clusters):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            rows = ((targets >= low) & (targets < high)).nonzero().squeeze(1)  # host sync: skip clusters not needed
+            in_cluster = (targets >= low) & (targets < high)
+            if torch.compiler.is_compiling():  # static shapes: every row, the targets of other clusters masked out
+                tail_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, cluster))
+                target_logprobs = tail_logprobs.gather(1, torch.where(in_cluster, targets - low, 0)[:, None]).squeeze(
+                    1
+                )
+                cluster_nll = -(head_logprobs[:, self.shortlist_size + cluster - 1] + target_logprobs)
+                nll = torch.where(in_cluster, cluster_nll, nll)
+                continue
+            rows = in_cluster.nonzero().squeeze(1)  # host sync: skip clusters not needed
             if rows.numel() == 0:
                 continue
-            tail_logprobs = torch.log_softmax(self._cluster_logits(hidden_states[rows], cluster), dim=-1)
+            tail_logprobs = _float_log_softmax(self._cluster_logits(hidden_states[rows], cluster))
             target_logprobs = tail_logprobs.gather(1, (targets[rows] - low)[:, None]).squeeze(1)
             nll = nll.index_put((rows,), -(head_logprobs[rows, self.shortlist_size + cluster - 1] + target_logprobs))
         return torch.where(targets == ignore_index, 0.0, nll)
@@ -862,7 +945,9 @@ class TxlModel(TxlPreTrainedModel):
         if input_ids.numel() == 0:
             raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); pass at least one token.")
         vocab_size = self.config.vocab_size
-        if input_ids.device.type == "cpu":  # checked on the host; elsewhere an async assert avoids a sync
+        # Checked on the host on CPU; elsewhere, and inside torch.compile (where `int(tensor)` would break the graph),
+        # an assert that runs with the kernels avoids a synchronisation.
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             low, high = int(input_ids.min()), int(input_ids.max())
             if low < 0 or high >= vocab_size:
                 bad = low if low < 0 else high
@@ -1169,7 +1254,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         """Targets must be token ids or -100; anything else would silently add a loss of 0."""
         vocab_size = self.config.vocab_size
         invalid = (targets != -100) & ((targets < 0) | (targets >= vocab_size))
-        if targets.device.type == "cpu":
+        if targets.device.type == "cpu" and not torch.compiler.is_compiling():
             if bool(invalid.any()):
                 bad = int(targets[invalid][0])
                 raise ValueError(f"Target {bad} is neither a token id in [0, {vocab_size}) nor -100 (ignored).")
@@ -1359,5 +1444,6 @@ __all__ = [
     "TxlPreTrainedModel",
     "causal_memory_mask",
     "relative_shift",
+    "shifted_position_scores",
     "sinusoid_positions",
 ]

@@ -1,0 +1,148 @@
+"""The fast paths equal the readable ones: the copy-free shift, the fused ReLU-dropout, the sliced query projection,
+the static-shape loss used under torch.compile, and the compiled model itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.test_modeling_txl import VARIANTS, covering_ids
+from tests.utils import tiny_lm
+from transfoxl.modeling_txl import relative_shift, relu_dropout, shifted_position_scores
+
+
+@pytest.mark.parametrize(("q_len", "mem_len"), [(1, 0), (1, 6), (4, 0), (4, 5), (7, 3)])
+def test_shifted_position_scores_equal_relative_shift(q_len, mem_len):
+    k_len = q_len + mem_len
+    query = torch.randn(2, 3, q_len, 8, requires_grad=True)
+    rel_key = torch.randn(3, k_len, 8, requires_grad=True)
+    expected = relative_shift(query @ rel_key.transpose(-1, -2))
+    shifted = shifted_position_scores(query, rel_key)
+    assert shifted.shape == (2, 3, q_len, k_len)
+    visible = torch.ones(q_len, k_len, dtype=torch.bool).tril(mem_len)  # entries above the diagonal are unspecified
+    torch.testing.assert_close(shifted[..., visible], expected[..., visible], rtol=0, atol=1e-6)
+
+    weights = torch.randn(2, 3, q_len, k_len) * visible
+    grads = torch.autograd.grad((shifted * weights).sum(), (query, rel_key))
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (query, rel_key))
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def test_relu_dropout_keeps_relu_values_drops_at_rate_p_and_backpropagates_through_kept_units():
+    torch.manual_seed(0)
+    inputs = torch.randn(64, 512, requires_grad=True)
+    p = 0.25
+    output = relu_dropout(inputs, p, training=True)
+    positive = inputs > 0
+    kept = output != 0
+    assert not kept[~positive].any()  # ReLU zeros stay zero
+    torch.testing.assert_close(output[kept], inputs[kept] / (1 - p))
+    drop_rate = 1 - kept[positive].float().mean().item()
+    assert abs(drop_rate - p) < 0.02
+    grad_output = torch.randn_like(output)
+    (grad,) = torch.autograd.grad(output, inputs, grad_output)
+    torch.testing.assert_close(grad, torch.where(kept, grad_output / (1 - p), 0.0))
+
+
+def test_relu_dropout_is_plain_relu_in_evaluation_and_without_dropout():
+    inputs = torch.randn(8, 16, requires_grad=True)
+    assert torch.equal(relu_dropout(inputs, 0.3, training=False), F.relu(inputs))
+    assert torch.equal(relu_dropout(inputs, 0.0, training=True), F.relu(inputs))
+
+
+@pytest.mark.parametrize("variant", ["adaptive_post_ln", "pre_ln_shared_r"])
+def test_sliced_query_projection_equals_the_module_call(variant):
+    """With memory, a plain qkv Linear is applied by weight slices; a hooked one is called whole: same results."""
+    ids = covering_ids(97, batch=2, length=6)
+    results = []
+    for hooked in (False, True):
+        model = tiny_lm(**VARIANTS[variant])
+        calls = []
+
+        def count_call(module, args, output, calls=calls):
+            calls.append(1)
+
+        if hooked:
+            for layer in model.transformer.layers:
+                layer.attention.qkv_proj.register_forward_hook(count_call)
+        memory = model(ids[:, :4]).past_key_values
+        output = model(ids, past_key_values=memory, labels=ids, return_logits=True)
+        output.loss.backward()
+        assert len(calls) == (4 if hooked else 0)  # the hook runs: the module was called (2 calls x 2 layers)
+        results.append((output.logits, {name: p.grad for name, p in model.named_parameters()}))
+    (plain_logits, plain_grads), (hooked_logits, hooked_grads) = results
+    torch.testing.assert_close(plain_logits, hooked_logits, rtol=0, atol=1e-5)
+    for name in plain_grads:
+        torch.testing.assert_close(plain_grads[name], hooked_grads[name], rtol=0, atol=1e-5)
+
+
+def _train_three_segments(model, ids, compiled=None):
+    """Losses and final gradients of three memory-carrying training segments (dropout off)."""
+    run = model if compiled is None else compiled
+    memory, losses = None, []
+    for segment in ids.split(ids.shape[1] // 3, dim=1):
+        output = run(segment, labels=segment, past_key_values=memory, use_cache=True)
+        memory = output.past_key_values
+        losses.append(output.loss)
+    sum(losses).backward()
+    return torch.stack(losses).detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_model_traces_as_one_graph_with_equal_losses_and_gradients(one_thread):
+    """`torch.compile(fullgraph=True)` (no graph break anywhere, memory filling up) gives the eager results.
+
+    The aot_eager backend traces exactly what inductor compiles, in seconds; the inductor run is the slow test below.
+    """
+    ids = covering_ids(97, batch=2, length=18)
+    eager_losses, eager_grads = _train_three_segments(tiny_lm(mem_len=8).train(), ids)
+    model = tiny_lm(mem_len=8).train()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    losses, grads = _train_three_segments(model, ids, compiled)
+    torch.testing.assert_close(losses, eager_losses, rtol=0, atol=1e-5)
+    for name in eager_grads:
+        torch.testing.assert_close(grads[name], eager_grads[name], rtol=0, atol=1e-5)
+
+
+def test_compiled_model_still_refuses_bad_token_ids(one_thread):
+    model = tiny_lm()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    ids = covering_ids(97, batch=1, length=4)
+    ids[0, 2] = 97
+    with pytest.raises(RuntimeError, match=r"outside the vocabulary \[0, 97\)"):
+        compiled(ids)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_training_equals_eager(one_thread):
+    ids = covering_ids(97, batch=2, length=18)
+    eager_losses, eager_grads = _train_three_segments(tiny_lm(mem_len=8).train(), ids)
+    model = tiny_lm(mem_len=8).train()
+    torch._dynamo.reset()
+    losses, grads = _train_three_segments(model, ids, torch.compile(model))
+    torch.testing.assert_close(losses, eager_losses, rtol=0, atol=1e-4)
+    for name in eager_grads:
+        torch.testing.assert_close(grads[name], eager_grads[name], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_autocast_runs_through_the_whole_model(dtype, implementation, one_thread):
+    """Mixed precision through the adaptive embedding, both attentions and the adaptive softmax (v4 crashed in its
+    embedding, transformers issue 19914). On CPU here; the same autocast code path runs on CUDA."""
+    ids = covering_ids(97, batch=2, length=8)
+    model = tiny_lm(mem_len=4, attn_implementation=implementation).train()
+    reference = model(ids, labels=ids).loss.item()
+    memory = None
+    with torch.autocast("cpu", dtype=dtype):
+        for _ in range(2):  # the second segment attends to a memory written under autocast
+            output = model(ids, labels=ids, past_key_values=memory, use_cache=True)
+            memory = output.past_key_values
+        logits = model(ids[:, :3], past_key_values=memory).logits
+    output.loss.backward()
+    assert torch.isfinite(logits).all() and logits.dtype == torch.float32
+    assert abs(output.loss.item() - reference) < 0.2  # low precision, and one more segment of context
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
