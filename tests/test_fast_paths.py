@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
-from transfoxl.modeling_txl import relative_shift, relu_dropout, shifted_position_scores
+from transfoxl.modeling_txl import TxlDropout, relative_shift, relu_dropout, shifted_position_scores
 
 
 @pytest.mark.parametrize(("q_len", "mem_len"), [(1, 0), (1, 6), (4, 0), (4, 5), (7, 3)])
@@ -50,6 +50,21 @@ def test_relu_dropout_is_plain_relu_in_evaluation_and_without_dropout():
     inputs = torch.randn(8, 16, requires_grad=True)
     assert torch.equal(relu_dropout(inputs, 0.3, training=False), F.relu(inputs))
     assert torch.equal(relu_dropout(inputs, 0.0, training=True), F.relu(inputs))
+
+
+def test_txl_dropout_drops_at_rate_p_scales_the_rest_and_backpropagates_through_its_mask():
+    torch.manual_seed(0)
+    dropout = TxlDropout(0.3).train()
+    inputs = torch.randn(64, 512, requires_grad=True)
+    output = dropout(inputs)
+    kept = output != 0
+    assert abs(1 - kept.float().mean().item() - 0.3) < 0.02
+    torch.testing.assert_close(output[kept], inputs[kept] / 0.7)
+    grad_output = torch.randn_like(output)
+    (grad,) = torch.autograd.grad(output, inputs, grad_output)
+    torch.testing.assert_close(grad, torch.where(kept, grad_output / 0.7, 0.0))
+    assert torch.equal(dropout.eval()(inputs), inputs)  # evaluation: identity, like nn.Dropout
+    assert isinstance(dropout, torch.nn.Dropout) and dropout.state_dict() == {}
 
 
 @pytest.mark.parametrize("variant", ["adaptive_post_ln", "pre_ln_shared_r"])

@@ -364,18 +364,21 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
 
 
 def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch.Tensor:
-    """`relative_shift(query @ rel_key^T)` without copying the `[..., Q, K]` scores: query `[..., Q, D]`, rel_key
-    `[H, K, D]` -> `[..., Q, K]`, a strided view.
+    """`relative_shift(query @ rel_key^T)` without copying the scores: query `[B, H, Q, D]`, rel_key `[H, K, D]` ->
+    `[B, H, Q, K]`, a strided view.
 
     `relative_shift` pads the scores with a zero column and re-views them. Prepending a zero row to the (small)
     rel_key makes the product itself come out padded, so the shift is only a view: no pad, fill or copy of a
-    `[B, H, Q, K + 1]` tensor (on a 2-core CPU those copies cost about as much as the product).
+    `[B, H, Q, K + 1]` tensor (on a 2-core CPU those copies cost about as much as the product). rel_key is shared by
+    the batch, so the product is one `[B Q, D] x [D, K + 1]` matrix product per head rather than B small ones.
     """
-    *batch_dims, q_len, _ = query.shape
-    k_len = rel_key.shape[-2]
-    padded_key = torch.cat([rel_key.new_zeros(*rel_key.shape[:-2], 1, rel_key.shape[-1]), rel_key], dim=-2)
-    padded = query @ padded_key.transpose(-1, -2)  # [..., Q, K + 1], column 0 is zero
-    return padded.view(*batch_dims, k_len + 1, q_len)[..., 1:, :].view(*batch_dims, q_len, k_len)
+    batch, heads, q_len, head_dim = query.shape
+    k_len = rel_key.shape[1]
+    padded_key = torch.cat([rel_key.new_zeros(heads, 1, head_dim), rel_key], dim=1)  # [H, K + 1, D]
+    by_head = query.transpose(0, 1).reshape(heads, batch * q_len, head_dim)  # [H, B Q, D]
+    padded = torch.bmm(by_head, padded_key.transpose(1, 2))  # [H, B Q, K + 1], column 0 is zero
+    shifted = padded.view(heads, batch, k_len + 1, q_len)[:, :, 1:].view(heads, batch, q_len, k_len)
+    return shifted.transpose(0, 1)  # [B, H, Q, K]
 
 
 def causal_memory_mask(
@@ -479,7 +482,7 @@ class TxlRelativeAttention(nn.Module):
         self.pos_proj = nn.Linear(config.d_model, inner, bias=False)  # W_{k,R}
         self.o_proj = nn.Linear(inner, config.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = TxlDropout(config.dropout)
         self.scaling = config.d_head**-0.5
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
@@ -599,33 +602,71 @@ class TxlRelativeAttention(nn.Module):
         return self.layer_norm(hidden_states + attn_output), attn_weights
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Dropout: the same distribution as nn.Dropout, with a cheaper mask on CPUs (torch's `bernoulli_` draws are about as
+# slow as a matrix product of the same size there) and, after ReLU, nothing but the output kept for backward.
+
+
+def _keep_mask(inputs: torch.Tensor, p: float) -> torch.Tensor:
+    """Bool mask, each entry True with probability 1 - p (uniform [0, 1) draws above p)."""
+    return torch.rand_like(inputs) >= p
+
+
+class _Dropout(torch.autograd.Function):
+    """Inverted dropout keeping its bool mask for backward (what `F.dropout` keeps too)."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
+        keep = _keep_mask(inputs, p)
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(keep)
+        return torch.where(keep, inputs, 0.0).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad_output, 0.0).mul_(ctx.scale), None
+
+
 class _ReluDropout(torch.autograd.Function):
     """`dropout(relu(x))` that keeps only its output for backward.
 
     Where the output is 0, either ReLU or dropout zeroed it and the gradient is 0 either way; elsewhere the gradient
     is `1 / (1 - p)`. So the output (which the next linear layer keeps anyway) replaces ReLU's saved output and
-    dropout's mask: two `[B, Q, d_inner]` tensors fewer per layer, and one pass fewer over them.
+    dropout's mask: two `[B, Q, d_inner]` tensors fewer per layer.
     """
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
-        keep = torch.empty_like(inputs).bernoulli_(1.0 - p)
-        output = inputs.relu().mul_(keep).mul_(1.0 / (1.0 - p))
         ctx.scale = 1.0 / (1.0 - p)
+        output = torch.where(_keep_mask(inputs, p), inputs, 0.0).relu_().mul_(ctx.scale)
         ctx.save_for_backward(output)
         return output
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
-        return torch.where(output > 0, grad_output * ctx.scale, 0.0), None
+        return torch.where(output > 0, grad_output, 0.0).mul_(ctx.scale), None
+
+
+def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
+    return training and p > 0.0 and torch.is_grad_enabled() and inputs.requires_grad
 
 
 def relu_dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout(F.relu(inputs), p, training)`, with the lighter backward of `_ReluDropout` when it applies."""
-    if not training or p == 0.0 or not torch.is_grad_enabled() or not inputs.requires_grad:
+    """`F.dropout(F.relu(inputs), p, training)`, through `_ReluDropout` when it applies."""
+    if not _dropout_applies(inputs, p, training):
         return F.dropout(F.relu(inputs), p, training)
     return _ReluDropout.apply(inputs, p)
+
+
+class TxlDropout(nn.Dropout):
+    """`nn.Dropout` (same `p`, same distribution, no state) with the cheaper mask of `_Dropout` in training."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not _dropout_applies(inputs, self.p, self.training) or self.inplace:
+            return super().forward(inputs)
+        return _Dropout.apply(inputs, self.p)
 
 
 class TxlFeedForward(nn.Module):
@@ -636,17 +677,14 @@ class TxlFeedForward(nn.Module):
         self.pre_lnorm = config.pre_lnorm
         self.up_proj = nn.Linear(config.d_model, config.d_inner)
         self.down_proj = nn.Linear(config.d_inner, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = TxlDropout(config.dropout)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
-        if getattr(self, "_plain", False):
-            output = self.dropout(self.down_proj(self.dropout(F.relu(self.up_proj(inputs)))))
-        else:
-            inner = relu_dropout(self.up_proj(inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
-            output = self.dropout(self.down_proj(inner))
+        inner = relu_dropout(self.up_proj(inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
+        output = self.dropout(self.down_proj(inner))
         if self.pre_lnorm:
             return hidden_states + output
         return self.layer_norm(hidden_states + output)
@@ -922,7 +960,7 @@ class TxlModel(TxlPreTrainedModel):
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
         self.word_embeddings = TxlAdaptiveEmbedding(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = TxlDropout(config.dropout)
         if not config.untie_r:  # one u and one v shared by all layers
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))

@@ -1,0 +1,864 @@
+"""Training and evaluation speed: this package against transformers 4.37.2's TransfoXLLMHeadModel, on the same weights.
+
+The mid configuration of the project's benchmarks (6 layers, d_model 256, 8 heads x 32, d_inner 1024, vocab 10000
+with cutoffs [2000, 5000] and div_val 2, clamp_len -1, same_length False), fp32 on the CPU. Measured, per
+implementation:
+
+- training: batch 8 x 128 tokens, mem_len 128, dropout 0.1, forward + backward + AdamW step, the memory carried from
+  step to step; tokens/s, the peak RSS of the run, and the memory training adds above the loaded model and optimizer;
+- evaluation: batch 8 x 128 tokens, mem_len 512 (full before timing), no_grad, loss only; tokens/s;
+- model FLOP/s: an analytic count of the model's matrix products per token (`flops_per_token`) times tokens/s, also as
+  a fraction of this machine's fp32 matrix-product rate, measured here before and after the runs;
+- the paper's evaluation-speed comparison (Dai et al., 2019, Table 9), transfoxl only, batch 1: a model without
+  memory that recomputes a window of L tokens for every predicted token, against Transformer-XL with segments of 128
+  tokens and a full memory of L - 128, so that both attend to L positions.
+
+Every training or evaluation run is a fresh worker process (this file, run with `--worker`: one JSON line in, one
+out), so that its peak RSS is that run's; the implementations alternate run after run, the order rotating, so that a
+noisy machine hurts them alike. transformers 4.37.2 runs in its own virtualenv (`.bench/venv-v4`, created by
+`scripts/bench_generate.py`'s `ensure_v4_venv` the first time: needs PyPI): it builds the seeded model once and saves
+it; transfoxl loads that folder (a v4 checkpoint, converted on load). Before the runs both score the same two
+segments with dropout off, from v4's zero-filled start memory: the losses must agree (a sanity line in the output).
+
+    python scripts/bench_speed.py                      # writes benchmarks/speed.{json,md,png} (about 10-15 minutes)
+    python scripts/bench_speed.py --skip-v4 --runs 3   # no virtualenv, no network
+    python scripts/bench_speed.py --tokens zipf --attn-lengths 800 1800 --out /tmp/speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Only the standard library and torch at the top: the same file is the worker inside the transformers 4.37.2
+# virtualenv, where neither transfoxl nor transformers v5 exists.
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "mid": dict(
+        vocab_size=10000,
+        cutoffs=[2000, 5000],
+        div_val=2,
+        d_model=256,
+        d_embed=256,
+        n_head=8,
+        d_head=32,
+        d_inner=1024,
+        n_layer=6,
+        clamp_len=-1,
+        same_length=False,
+        dropout=0.1,
+        dropatt=0.0,
+    ),
+    # For the tests: the same shape of model (three clusters), small enough for seconds.
+    "tiny": dict(
+        vocab_size=97,
+        cutoffs=[20, 50],
+        div_val=2,
+        d_model=32,
+        d_embed=32,
+        n_head=4,
+        d_head=8,
+        d_inner=64,
+        n_layer=2,
+        clamp_len=-1,
+        same_length=False,
+        dropout=0.1,
+        dropatt=0.0,
+    ),
+}
+BATCH, TGT_LEN = 8, 128
+TRAIN_MEM_LEN, EVAL_MEM_LEN = 128, 512
+TRAIN_WARMUP_STEPS = 3
+EVAL_EXTRA_WARMUP = 2  # segments after the one that fills the memory
+LEARNING_RATE = 2.5e-4
+VANILLA_WINDOWS, XL_SEGMENTS_PER_WINDOW = 3, 3  # timed per attention length, after a warm-up round
+MATMUL_SHAPES = [(1024, 256, 1024), (1024, 1024, 256)]  # [m, k] x [k, n]: the feed-forward's two products
+PAPER_SPEEDUPS = {3800: 1874, 2800: 1409, 1800: 773, 800: 363}  # Dai et al. 2019, Table 9
+SANITY_TOLERANCE = 1e-4
+IMPLEMENTATIONS = ("transfoxl", "v4")
+LABELS = {"transfoxl": "transfoxl", "v4": "transformers 4.37.2"}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# FLOP count
+
+
+def flops_per_token(
+    config: Mapping[str, Any],
+    *,
+    tgt_len: int,
+    mem_len: int,
+    cluster_fractions: Sequence[float],
+    batch_size: int = 1,
+    all_clusters: bool = False,
+    training: bool = False,
+) -> float:
+    """Model FLOPs per token of a segment of `tgt_len` tokens attending to `mem_len` memory positions.
+
+    Counts matrix products only, 2 FLOPs per multiply-add, as the model defines them (not as an implementation happens
+    to compute them): per layer, the query projection of the Q segment positions, the key and value projections of
+    the K = mem_len + Q memory and segment positions, the projection W_{k,R} of the K relative positions, the content
+    and position scores and probabilities @ values over all K keys (masked keys included), the output projection and
+    the two feed-forward products; then the adaptive embedding's projection of each token's cluster and the adaptive
+    softmax: the head (projection and shortlist + one logit per tail cluster) for every token, a tail cluster
+    (projection and logits) for the tokens whose target is in it, or for every token with `all_clusters` (a full
+    distribution). `cluster_fractions[i]` is the fraction of tokens (inputs and targets alike) in cluster i. Not
+    counted: softmax, layer norms, biases, element-wise operations, the optimizer. `training` multiplies by 3
+    (backward ~ twice the forward). The per-segment work is divided by Q; W_{k,R} R, computed once per segment for
+    all `batch_size` columns, by B Q.
+    """
+    width, heads, head_dim = config["d_model"], config["n_head"], config["d_head"]
+    inner, q_len, k_len = heads * head_dim, tgt_len, mem_len + tgt_len
+    layer = (
+        2 * q_len * width * inner  # queries, segment only
+        + 2 * k_len * width * 2 * inner  # keys and values over memory + segment
+        + 2 * k_len * width * inner / batch_size  # W_{k,R} R for the K distances, shared by the batch
+        + 2 * q_len * k_len * inner * 2  # content scores (a)+(c) and position scores (b)+(d)
+        + 2 * q_len * k_len * inner  # probabilities @ values
+        + 2 * q_len * inner * width  # output projection
+        + 2 * q_len * width * config["d_inner"] * 2  # feed-forward, up and down
+    ) / q_len
+
+    cutoffs, vocab_size, div_val = list(config["cutoffs"]), config["vocab_size"], config["div_val"]
+    bounds = [0, *cutoffs, vocab_size]
+    n_clusters = len(bounds) - 1
+    if len(cluster_fractions) != n_clusters:
+        raise ValueError(f"cluster_fractions needs {n_clusters} values (one per cluster), got {cluster_fractions}.")
+    d_embed = config.get("d_embed") or width
+    widths = [d_embed // div_val**cluster if div_val > 1 else d_embed for cluster in range(n_clusters)]
+    projected = div_val > 1 or d_embed != width  # else embedding and softmax work in d_model directly
+    embedding = sum(fraction * 2 * w * width for fraction, w in zip(cluster_fractions, widths)) if projected else 0.0
+    head_size = bounds[1] + n_clusters - 1  # shortlist + one logit per tail cluster
+    softmax = (2 * width * widths[0] if projected else 0) + 2 * widths[0] * head_size
+    for cluster in range(1, n_clusters):
+        weight = 1.0 if all_clusters else cluster_fractions[cluster]
+        cluster_size = bounds[cluster + 1] - bounds[cluster]
+        softmax += weight * ((2 * width * widths[cluster] if projected else 0) + 2 * widths[cluster] * cluster_size)
+    forward = config["n_layer"] * layer + embedding + softmax
+    return forward * (3 if training else 1)
+
+
+def cluster_fractions(tokens: torch.Tensor, config: Mapping[str, Any]) -> list[float]:
+    """Fraction of `tokens` in each cluster of the adaptive embedding / softmax."""
+    bounds = [0, *config["cutoffs"], config["vocab_size"]]
+    return [float(((tokens >= low) & (tokens < high)).float().mean()) for low, high in pairwise(bounds)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Worker (runs in this venv for transfoxl, in the transformers 4.37.2 one for v4)
+
+
+def current_rss_mb() -> float:
+    """Resident set size now, MB (Linux; elsewhere the peak so far)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process, MB (ru_maxrss is in KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def load_model(request: dict, *, mem_len: int) -> torch.nn.Module:
+    """The request's implementation with the shared weights (v4's saved folder, or the seeded transfoxl model)."""
+    if request["impl"] == "v4":
+        from transformers import TransfoXLLMHeadModel
+
+        model = TransfoXLLMHeadModel.from_pretrained(request["folder"])
+        model.reset_memory_length(mem_len)
+        return model
+    import transfoxl
+
+    options = {} if request["attn_implementation"] is None else {"attn_implementation": request["attn_implementation"]}
+    if request["folder"] is not None:
+        model = transfoxl.TxlForCausalLM.from_pretrained(request["folder"], **options)
+    else:
+        torch.manual_seed(request["seed"])
+        model = transfoxl.TxlForCausalLM(transfoxl.TxlConfig(**request["config"], **options))
+    model.config.mem_len = mem_len  # memory_init stays what the checkpoint (or the config's default) gives
+    return model
+
+
+def segment(stream: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs `[B, Q]` of segment `index` of `stream` `[B, S]`, and its targets (the next tokens), `[B, Q]`."""
+    start = index * TGT_LEN
+    return stream[:, start : start + TGT_LEN], stream[:, start + 1 : start + TGT_LEN + 1]
+
+
+def lm_loss(model: Any, impl: str, inputs: torch.Tensor, targets: torch.Tensor | None, memory: Any) -> tuple:
+    """One segment through either implementation: (mean loss, the memory for the next segment).
+
+    v4 only takes labels shifted inside (position t predicts input t + 1, the last position predicts nothing).
+    transfoxl takes `targets` aligned with the positions, as a stream reader does; with `targets=None`, v4's labels.
+    """
+    if impl == "v4":
+        output = model(input_ids=inputs, labels=inputs, mems=memory)
+        loss = output.loss if getattr(output, "loss", None) is not None else output.losses.mean()
+        return loss, output.mems
+    if targets is None:
+        output = model(inputs, labels=inputs, past_key_values=memory)
+    else:
+        output = model(inputs, shift_labels=targets, past_key_values=memory, return_logits=False)
+    return output.loss, output.past_key_values
+
+
+def phase_save(request: dict) -> dict:
+    """v4: build the seeded model and save it where transfoxl and the later v4 workers load it."""
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+    torch.manual_seed(request["seed"])
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**request["config"], mem_len=TRAIN_MEM_LEN))
+    model.save_pretrained(request["folder"])
+    return {"parameters": sum(parameter.numel() for parameter in model.parameters())}
+
+
+@torch.no_grad()
+def phase_check(request: dict) -> dict:
+    """Losses of the first two training segments, dropout off, from v4's zero-filled start memory."""
+    model = load_model(request, mem_len=TRAIN_MEM_LEN).eval()
+    if request["impl"] == "transfoxl":
+        model.config.memory_init = "zeros"  # v4's start: mem_len zero vectors that the first segment attends to
+    stream = torch.load(request["tokens"], weights_only=True)["train"]
+    losses, memory = [], None
+    for index in range(2):
+        loss, memory = lm_loss(model, request["impl"], segment(stream, index)[0], None, memory)
+        losses.append(float(loss))
+    return {"losses": losses}
+
+
+def phase_train(request: dict) -> dict:
+    """Training steps with the memory carried; seconds per timed step, RSS after loading and at the peak."""
+    impl = request["impl"]
+    model = load_model(request, mem_len=TRAIN_MEM_LEN).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    # Static shapes: one graph per memory length while the memory fills, then none (as train.py --compile).
+    forward = torch.compile(model, dynamic=False) if request["compile"] and impl == "transfoxl" else model
+    stream = torch.load(request["tokens"], weights_only=True)["train"]
+    gc.collect()
+    loaded_rss = current_rss_mb()
+    seconds, losses, memory = [], [], None
+    for step in range(request["warmup"] + request["steps"]):
+        inputs, targets = segment(stream, step)
+        start = time.perf_counter()
+        loss, memory = lm_loss(forward, impl, inputs, targets, memory)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        losses.append(float(loss))
+        if step >= request["warmup"]:
+            seconds.append(elapsed)
+    return {"seconds": seconds, "losses": losses, "loaded_rss_mb": loaded_rss}
+
+
+@torch.no_grad()
+def phase_eval(request: dict) -> dict:
+    """Evaluation segments (loss only) once the memory is full; seconds per timed segment."""
+    impl = request["impl"]
+    model = load_model(request, mem_len=EVAL_MEM_LEN).eval()
+    forward = model  # --compile is for training: inference keeps projected keys/values, which graphs cannot track
+    stream = torch.load(request["tokens"], weights_only=True)["eval"]
+    memory = None
+    if impl == "transfoxl":
+        from transfoxl import TxlMemory
+
+        memory = TxlMemory.from_config(model.config, EVAL_MEM_LEN)  # as transfoxl.evaluation.evaluate_stream does
+    warmup = math.ceil(EVAL_MEM_LEN / TGT_LEN) + EVAL_EXTRA_WARMUP
+    seconds = []
+    for index in range(warmup + request["segments"]):
+        inputs, targets = segment(stream, index)
+        start = time.perf_counter()
+        _, memory = lm_loss(forward, impl, inputs, targets, memory)
+        elapsed = time.perf_counter() - start
+        if index >= warmup:
+            seconds.append(elapsed)
+    memory_length = memory.get_seq_length() if impl == "transfoxl" else memory[0].shape[0]
+    return {"seconds": seconds, "memory_length": memory_length}
+
+
+@torch.no_grad()
+def phase_vanilla(request: dict) -> dict:
+    """Seconds per predicted token (batch 1) at each attention length L: no memory, recomputing a window of L tokens
+    for each, against segments of 128 with a full memory of L - 128. Both compute full log-probabilities.
+
+    Once the memory is full, rounds of one vanilla window and `XL_SEGMENTS_PER_WINDOW` segments alternate, so that a
+    busy machine slows both alike; the first round warms up.
+    """
+    from transfoxl import TxlMemory
+
+    model = load_model(request, mem_len=TRAIN_MEM_LEN).eval()
+    model.config.memory_init = "empty"  # the vanilla model sees its window and nothing else
+    stream = torch.load(request["tokens"], weights_only=True)["vanilla"]  # [1, N]
+    results = {}
+    for length in request["attn_lengths"]:
+        mem_len = length - TGT_LEN
+        model.config.mem_len = mem_len
+        memory = TxlMemory.from_config(model.config, mem_len)
+        position = 0  # next segment of the stream for Transformer-XL
+
+        def xl_segment() -> float:
+            nonlocal memory, position
+            inputs, _ = segment(stream, position)
+            position += 1
+            start = time.perf_counter()
+            memory = model(inputs, past_key_values=memory).past_key_values  # log-probs [1, Q, V] computed
+            return (time.perf_counter() - start) / TGT_LEN
+
+        for _ in range(math.ceil(mem_len / TGT_LEN)):
+            xl_segment()
+        vanilla, xl = [], []
+        for window in range(1 + VANILLA_WINDOWS):
+            start = time.perf_counter()
+            model(stream[:, window : window + length], past_key_values=None, use_cache=False, logits_to_keep=1)
+            vanilla.append(time.perf_counter() - start)
+            xl.append([xl_segment() for _ in range(XL_SEGMENTS_PER_WINDOW)])
+        results[str(length)] = {
+            "vanilla_s_per_token": vanilla[1:],
+            "xl_s_per_token": [seconds for round_ in xl[1:] for seconds in round_],
+            "mem_len": mem_len,
+            "memory_length": memory.get_seq_length(),
+        }
+    return {"lengths": results}
+
+
+PHASES = {
+    "save": phase_save,
+    "check": phase_check,
+    "train": phase_train,
+    "eval": phase_eval,
+    "vanilla": phase_vanilla,
+}
+
+
+def worker_main() -> int:
+    """One JSON request on stdin, one JSON result on stdout (warnings and errors go to stderr)."""
+    request = json.loads(sys.stdin.readline())
+    result = PHASES[request["phase"]](request)
+    import transformers
+
+    result.update(
+        peak_rss_mb=peak_rss_mb(),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+    )
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parent
+
+
+def run_worker(python: Path | str, request: dict) -> dict:
+    """Run one phase in a fresh process of `python` and return its result."""
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    process = subprocess.run(
+        [str(python), str(Path(__file__).resolve()), "--worker"],
+        input=json.dumps(request) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if process.returncode != 0:
+        raise RuntimeError(
+            f"the {request['impl']} worker failed in phase {request['phase']!r} (exit {process.returncode}):\n"
+            f"{process.stderr[-4000:]}"
+        )
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
+def matmul_rates(repeats: int = 30) -> dict[str, float]:
+    """fp32 `torch.mm` GFLOP/s in this process (its torch threads) for each of `MATMUL_SHAPES`: median of `repeats`."""
+    rates = {}
+    for m, k, n in MATMUL_SHAPES:
+        left, right, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        for _ in range(3):
+            torch.mm(left, right, out=out)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(left, right, out=out)
+            times.append(time.perf_counter() - start)
+        rates[f"[{m}, {k}] x [{k}, {n}]"] = 2 * m * k * n / statistics.median(times) / 1e9
+    return rates
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def make_tokens(kind: str, vocab_size: int, shapes: dict[str, tuple[int, int]], seed: int) -> dict[str, torch.Tensor]:
+    """Seeded token ids for each phase: uniform over the vocabulary, or Zipf (p proportional to 1 / (id + 1))."""
+    tokens = {}
+    for offset, (name, shape) in enumerate(sorted(shapes.items())):
+        generator = torch.Generator().manual_seed(seed + 1 + offset)
+        if kind == "uniform":
+            tokens[name] = torch.randint(0, vocab_size, shape, generator=generator)
+        else:
+            weights = 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+            ids = torch.multinomial(weights, shape[0] * shape[1], replacement=True, generator=generator)
+            tokens[name] = ids.view(shape)
+    return tokens
+
+
+def vanilla_tokens(attn_lengths: Sequence[int]) -> int:
+    """Length of the stream `phase_vanilla` reads: the windows, and the segments that fill the memory and are timed."""
+    longest = max(attn_lengths)
+    xl_segments = math.ceil(longest / TGT_LEN) + (1 + VANILLA_WINDOWS) * XL_SEGMENTS_PER_WINDOW
+    return max(longest + VANILLA_WINDOWS + 1, xl_segments * TGT_LEN + 1)
+
+
+def spread(values: Sequence[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": list(values)}
+
+
+def load_sibling(name: str) -> Any:
+    """`scripts/<name>.py` as a module (the scripts are files, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"transfoxl_script_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per implementation and phase (default: %(default)s)")
+    parser.add_argument("--train-steps", type=int, default=10, help="timed training steps per run, after 3 warm-up")
+    parser.add_argument(
+        "--eval-segments", type=int, default=8, help="timed evaluation segments per run, once the memory is full"
+    )
+    parser.add_argument(
+        "--attn-lengths",
+        type=int,
+        nargs="+",
+        default=[800, 3800],
+        help="attention lengths of the comparison with a model without memory (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tokens", choices=["uniform", "zipf"], default="uniform", help="token ids (default: uniform)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="mid", help="model size (tiny: for the tests)")
+    parser.add_argument(
+        "--attn-implementation", choices=["eager", "sdpa"], default=None, help="transfoxl's (default: the config's)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="transfoxl trains with torch.compile(model, dynamic=False) (minutes of compiling on a CPU; evaluation "
+        "stays eager)",
+    )
+    parser.add_argument("--skip-v4", action="store_true", help="do not run transformers 4.37.2")
+    parser.add_argument("--skip-vanilla", action="store_true", help="skip the comparison with a model without memory")
+    parser.add_argument("--v4-venv", type=Path, default=REPO / ".bench" / "venv-v4")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks", help="folder for speed.{json,md,png}")
+    args = parser.parse_args(argv)
+    for name in ("runs", "train_steps", "eval_segments"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for length in args.attn_lengths:
+        if length <= TGT_LEN:
+            parser.error(f"--attn-lengths must be > the segment length {TGT_LEN}, got {length}")
+    args.attn_lengths = sorted(set(args.attn_lengths))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = CONFIGS[args.config]
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="bench-speed-"))
+    try:
+        results = run_benchmark(args, config, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["wall_s"] = time.perf_counter() - started
+
+    from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
+
+    table = markdown(results)
+    print("\n" + table)
+    write_json_atomically(args.out / "speed.json", results)
+    write_text_atomically(args.out / "speed.md", table + "\n")
+    write_bytes_atomically(args.out / "speed.png", plot_png(results))
+    print(f"\nwrote {args.out / 'speed.json'}, speed.md, speed.png ({results['wall_s']:.0f} s)")
+    return 0
+
+
+def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
+    impls = ["transfoxl"] if args.skip_v4 else list(IMPLEMENTATIONS)
+    train_len = (TRAIN_WARMUP_STEPS + args.train_steps) * TGT_LEN + 1
+    eval_len = (math.ceil(EVAL_MEM_LEN / TGT_LEN) + EVAL_EXTRA_WARMUP + args.eval_segments) * TGT_LEN + 1
+    shapes = {
+        "train": (BATCH, train_len),
+        "eval": (BATCH, eval_len),
+        "vanilla": (1, vanilla_tokens(args.attn_lengths)),
+    }
+    tokens = make_tokens(args.tokens, config["vocab_size"], shapes, args.seed)
+    torch.save(tokens, work / "tokens.pt")
+    fractions = cluster_fractions(tokens["train"], config)
+    flops = {
+        "train": flops_per_token(
+            config,
+            tgt_len=TGT_LEN,
+            mem_len=TRAIN_MEM_LEN,
+            cluster_fractions=fractions,
+            batch_size=BATCH,
+            training=True,
+        ),
+        "eval": flops_per_token(
+            config, tgt_len=TGT_LEN, mem_len=EVAL_MEM_LEN, cluster_fractions=fractions, batch_size=BATCH
+        ),
+    }
+
+    print(
+        f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    repeats = 5 if args.config == "tiny" else 30  # tiny: the tests, where seconds count
+    matmul_before = matmul_rates(repeats)
+    print("fp32 matmul GFLOP/s (before): " + ", ".join(f"{k} {v:.1f}" for k, v in matmul_before.items()), flush=True)
+
+    pythons = {"transfoxl": sys.executable}
+    folder = None
+    base = {"config": config, "seed": args.seed, "tokens": str(work / "tokens.pt")}
+    base.update(attn_implementation=args.attn_implementation, compile=args.compile, folder=None)
+    sanity = None
+    v4_transformers = None
+    if not args.skip_v4:
+        pythons["v4"] = str(load_sibling("bench_generate").ensure_v4_venv(args.v4_venv))
+        folder = work / "v4-model"
+        saved = run_worker(pythons["v4"], {**base, "impl": "v4", "phase": "save", "folder": str(folder)})
+        v4_transformers = saved["transformers"]
+        base["folder"] = str(folder)
+        print(f"v4 model saved ({saved['parameters']:,} parameters, transformers {v4_transformers})", flush=True)
+        checks = {impl: run_worker(pythons[impl], {**base, "impl": impl, "phase": "check"}) for impl in impls}
+        difference = max(abs(a - b) for a, b in zip(checks["transfoxl"]["losses"], checks["v4"]["losses"]))
+        sanity = {
+            "what": "loss of the first two training segments, dropout off, from v4's zero-filled memory",
+            "transfoxl": checks["transfoxl"]["losses"],
+            "v4": checks["v4"]["losses"],
+            "max_abs_difference": difference,
+            "tolerance": SANITY_TOLERANCE,
+            "ok": difference <= SANITY_TOLERANCE,
+        }
+        print(f"sanity: {sanity_line(sanity)}", flush=True)
+
+    runs: dict[str, dict[str, list]] = {impl: {"train": [], "eval": []} for impl in impls}
+    phase_options = {"train": {"warmup": TRAIN_WARMUP_STEPS, "steps": args.train_steps}}
+    phase_options["eval"] = {"segments": args.eval_segments}
+    for run in range(args.runs):
+        order = impls[run % len(impls) :] + impls[: run % len(impls)]  # rotate who goes first
+        for phase in ("train", "eval"):
+            for impl in order:
+                request = {**base, **phase_options[phase], "impl": impl, "phase": phase}
+                load = os.getloadavg()[0]  # other processes' load: the cause of most spread on a shared machine
+                result = run_worker(pythons[impl], request)
+                result["load_average_before"] = load
+                rates = [BATCH * TGT_LEN / seconds for seconds in result["seconds"]]
+                result["tokens_per_s"] = statistics.median(rates)
+                result["gflops"] = result["tokens_per_s"] * flops[phase] / 1e9
+                if phase == "train":
+                    result["train_memory_mb"] = result["peak_rss_mb"] - result["loaded_rss_mb"]
+                runs[impl][phase].append(result)
+                memory = (
+                    f", peak RSS {result['peak_rss_mb']:.0f} MB (+{result['train_memory_mb']:.0f} MB training)"
+                    if phase == "train"
+                    else f", peak RSS {result['peak_rss_mb']:.0f} MB"
+                )
+                print(
+                    f"run {run + 1}/{args.runs}  {phase:5}  {LABELS[impl]:20} {result['tokens_per_s']:8.1f} tokens/s"
+                    f"{memory}  (load average {load:.1f})",
+                    flush=True,
+                )
+
+    vanilla = None
+    if not args.skip_vanilla:
+        request = {**base, "impl": "transfoxl", "phase": "vanilla", "attn_lengths": args.attn_lengths}
+        vanilla = summarize_vanilla(run_worker(pythons["transfoxl"], request), config, fractions)
+        for length, entry in vanilla.items():
+            print(
+                f"attention length {length}: no memory {entry['vanilla_s_per_token']:.4f} s/token, "
+                f"XL {entry['xl_s_per_token']:.5f} s/token, speed-up {entry['speedup']:.0f}x",
+                flush=True,
+            )
+
+    matmul_after = matmul_rates(repeats)
+    print("fp32 matmul GFLOP/s (after): " + ", ".join(f"{k} {v:.1f}" for k, v in matmul_after.items()), flush=True)
+    ceiling = max(*matmul_before.values(), *matmul_after.values())
+    return {
+        "setup": {
+            "config_name": args.config,
+            "config": config,
+            "train": {
+                "batch": BATCH,
+                "tgt_len": TGT_LEN,
+                "mem_len": TRAIN_MEM_LEN,
+                "optimizer": f"AdamW(lr={LEARNING_RATE})",
+                "warmup_steps": TRAIN_WARMUP_STEPS,
+                "timed_steps": args.train_steps,
+            },
+            "eval": {
+                "batch": BATCH,
+                "tgt_len": TGT_LEN,
+                "mem_len": EVAL_MEM_LEN,
+                "warmup_segments": math.ceil(EVAL_MEM_LEN / TGT_LEN) + EVAL_EXTRA_WARMUP,
+                "timed_segments": args.eval_segments,
+            },
+            "tokens": args.tokens,
+            "cluster_fractions": fractions,
+            "seed": args.seed,
+            "runs": args.runs,
+            "attn_implementation": args.attn_implementation,
+            "compile": args.compile,
+            "options": {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()},
+        },
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "transformers": importlib.metadata.version("transformers"),
+            "transformers_v4": v4_transformers,
+            "python": platform.python_version(),
+        },
+        "matmul_gflops": {"before": matmul_before, "after": matmul_after, "ceiling": ceiling},
+        "flops_per_token": flops,
+        "sanity": sanity,
+        "runs": runs,
+        "summary": summarize(runs, ceiling),
+        "vanilla": vanilla,
+    }
+
+
+def summarize(runs: dict, ceiling: float) -> dict:
+    """Median (min-max) over runs of each measure, per implementation, and transfoxl / v4 ratios of the medians."""
+    summary: dict[str, Any] = {}
+    for impl, phases in runs.items():
+        train, evaluation = phases["train"], phases["eval"]
+        entry = {
+            "train_tokens_per_s": spread([run["tokens_per_s"] for run in train]),
+            "eval_tokens_per_s": spread([run["tokens_per_s"] for run in evaluation]),
+            "train_peak_rss_mb": spread([run["peak_rss_mb"] for run in train]),
+            "train_memory_mb": spread([run["train_memory_mb"] for run in train]),
+            "eval_peak_rss_mb": spread([run["peak_rss_mb"] for run in evaluation]),
+            "train_gflops": spread([run["gflops"] for run in train]),
+            "eval_gflops": spread([run["gflops"] for run in evaluation]),
+        }
+        entry["train_fraction_of_matmul"] = entry["train_gflops"]["median"] / ceiling
+        entry["eval_fraction_of_matmul"] = entry["eval_gflops"]["median"] / ceiling
+        summary[impl] = entry
+    if "v4" in summary:
+        ours, theirs = summary["transfoxl"], summary["v4"]
+        summary["ratio"] = {
+            name: ours[name]["median"] / theirs[name]["median"]
+            for name in ours
+            if isinstance(ours[name], dict) and theirs[name]["median"]
+        }
+    return summary
+
+
+def summarize_vanilla(result: dict, config: dict, fractions: list[float]) -> dict:
+    summary = {}
+    for length, entry in result["lengths"].items():
+        vanilla, xl = statistics.median(entry["vanilla_s_per_token"]), statistics.median(entry["xl_s_per_token"])
+        summary[length] = {
+            **entry,
+            "vanilla_s_per_token": vanilla,
+            "xl_s_per_token": xl,
+            "vanilla_raw": entry["vanilla_s_per_token"],
+            "xl_raw": entry["xl_s_per_token"],
+            "speedup": vanilla / xl,
+            "paper_speedup": PAPER_SPEEDUPS.get(int(length)),
+            # the window of L tokens costs a forward over all of them, for one predicted token
+            "vanilla_flops_per_token": int(length)
+            * flops_per_token(config, tgt_len=int(length), mem_len=0, cluster_fractions=fractions, all_clusters=True),
+            "xl_flops_per_token": flops_per_token(
+                config, tgt_len=TGT_LEN, mem_len=entry["mem_len"], cluster_fractions=fractions, all_clusters=True
+            ),
+        }
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def sanity_line(sanity: dict | None) -> str:
+    if sanity is None:
+        return "not run (--skip-v4)"
+    verdict = "same losses" if sanity["ok"] else f"DIFFERENT (tolerance {sanity['tolerance']:g})"
+    pairs = ", ".join(f"{a:.6f} / {b:.6f}" for a, b in zip(sanity["transfoxl"], sanity["v4"]))
+    return f"{verdict}: transfoxl / v4 {pairs}; max difference {sanity['max_abs_difference']:.2e}"
+
+
+def cell(entry: dict | None, name: str, digits: int = 1) -> str:
+    if entry is None:
+        return "not run"
+    value = entry[name]
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
+
+
+def markdown(results: dict) -> str:
+    setup, machine, summary = results["setup"], results["machine"], results["summary"]
+    ours, theirs, ratio = summary["transfoxl"], summary.get("v4"), summary.get("ratio", {})
+    matmul, flops = results["matmul_gflops"], results["flops_per_token"]
+    config = setup["config"]
+
+    def ratio_cell(name: str) -> str:
+        return f"{ratio[name]:.2f}x" if name in ratio else "-"
+
+    def flop_cell(entry: dict | None, phase: str) -> str:
+        if entry is None:
+            return "not run"
+        return f"{entry[f'{phase}_gflops']['median']:.1f} ({100 * entry[f'{phase}_fraction_of_matmul']:.0f}%)"
+
+    lines = [
+        f"Transformer-XL, {setup['config_name']} config ({config['n_layer']} layers, d_model {config['d_model']}, "
+        f"{config['n_head']} heads x {config['d_head']}, d_inner {config['d_inner']}, vocab {config['vocab_size']}, "
+        f"cutoffs {config['cutoffs']}, div_val {config['div_val']}), fp32, {setup['tokens']} token ids. "
+        f"Training: batch {BATCH} x {TGT_LEN}, mem_len {TRAIN_MEM_LEN}, dropout {config['dropout']}, AdamW; "
+        f"evaluation: batch {BATCH} x {TGT_LEN}, mem_len {EVAL_MEM_LEN}, loss only. Median over {setup['runs']} runs "
+        "(min-max), each a fresh process, implementations alternated.",
+        "",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores ({machine['torch_threads']} torch threads), "
+        f"torch {machine['torch']}, transformers {machine['transformers']} (transfoxl) and "
+        f"{machine['transformers_v4'] or '4.37.2 (not run)'}. Measured fp32 matmul rate: "
+        f"{matmul['ceiling']:.1f} GFLOP/s (best of "
+        + ", ".join(
+            f"{shape} {rate:.1f} before / {matmul['after'][shape]:.1f} after"
+            for shape, rate in matmul["before"].items()
+        )
+        + ").",
+        "",
+        f"Same weights, sanity check ({results['sanity']['what'] if results['sanity'] else 'loss'}): "
+        f"{sanity_line(results['sanity'])}.",
+        "",
+        "| | transfoxl | transformers 4.37.2 | transfoxl / 4.37.2 |",
+        "|---|---|---|---|",
+        f"| training tokens/s | {cell(ours, 'train_tokens_per_s')} | {cell(theirs, 'train_tokens_per_s')} | "
+        f"{ratio_cell('train_tokens_per_s')} |",
+        f"| evaluation tokens/s | {cell(ours, 'eval_tokens_per_s')} | {cell(theirs, 'eval_tokens_per_s')} | "
+        f"{ratio_cell('eval_tokens_per_s')} |",
+        f"| peak RSS, training (MB) | {cell(ours, 'train_peak_rss_mb', 0)} | {cell(theirs, 'train_peak_rss_mb', 0)} | "
+        f"{ratio_cell('train_peak_rss_mb')} |",
+        f"| training memory above the loaded model (MB) | {cell(ours, 'train_memory_mb', 0)} | "
+        f"{cell(theirs, 'train_memory_mb', 0)} | {ratio_cell('train_memory_mb')} |",
+        f"| peak RSS, evaluation (MB) | {cell(ours, 'eval_peak_rss_mb', 0)} | {cell(theirs, 'eval_peak_rss_mb', 0)} | "
+        f"{ratio_cell('eval_peak_rss_mb')} |",
+        f"| model GFLOP/s, training (% of fp32 matmul rate) | {flop_cell(ours, 'train')} | "
+        f"{flop_cell(theirs, 'train')} | {ratio_cell('train_gflops')} |",
+        f"| model GFLOP/s, evaluation (% of fp32 matmul rate) | {flop_cell(ours, 'eval')} | "
+        f"{flop_cell(theirs, 'eval')} | {ratio_cell('eval_gflops')} |",
+        "",
+        f"Model FLOPs per token (matrix products, `flops_per_token`): training {flops['train'] / 1e6:.1f} M "
+        f"(forward + backward), evaluation {flops['eval'] / 1e6:.1f} M.",
+    ]
+    if results["vanilla"]:
+        lines += [
+            "",
+            "Evaluation speed against a model without memory (Dai et al. 2019, Table 9), transfoxl, batch 1: the "
+            f"vanilla model recomputes a window of L tokens for each predicted token; Transformer-XL reads segments "
+            f"of {TGT_LEN} with a full memory of L - {TGT_LEN}. Full log-probabilities for each predicted token; "
+            f"median over {VANILLA_WINDOWS} windows and {VANILLA_WINDOWS * XL_SEGMENTS_PER_WINDOW} segments, "
+            "interleaved.",
+            "",
+            "| attention length | vanilla s/token | Transformer-XL s/token | speed-up | paper (GPU, its models) |",
+            "|---|---|---|---|---|",
+        ]
+        for length, entry in results["vanilla"].items():
+            paper = f"{entry['paper_speedup']:,}x" if entry["paper_speedup"] else "-"
+            lines.append(
+                f"| {int(length):,} | {entry['vanilla_s_per_token']:.4f} | {entry['xl_s_per_token']:.6f} | "
+                f"{entry['speedup']:,.0f}x | {paper} |"
+            )
+    return "\n".join(lines)
+
+
+def plot_png(results: dict) -> bytes:
+    """Tokens/s of both implementations (training, evaluation), and the no-memory speed-ups next to the paper's."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 4), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2)
+    summary = results["summary"]
+    impls = [impl for impl in IMPLEMENTATIONS if impl in summary]
+    phases = [("train_tokens_per_s", "training"), ("eval_tokens_per_s", "evaluation")]
+    bar = 0.8 / len(impls)
+    for offset, impl in enumerate(impls):
+        medians = [summary[impl][name]["median"] for name, _ in phases]
+        errors = [
+            [summary[impl][name]["median"] - summary[impl][name]["min"] for name, _ in phases],
+            [summary[impl][name]["max"] - summary[impl][name]["median"] for name, _ in phases],
+        ]
+        positions = [index + (offset - (len(impls) - 1) / 2) * bar for index in range(len(phases))]
+        bars = left.bar(positions, medians, bar, yerr=errors, capsize=3, label=LABELS[impl])
+        left.bar_label(bars, fmt="%.0f", padding=2, fontsize=8)
+    if "ratio" in summary:
+        labels = [f"{label}\n({summary['ratio'][name]:.2f}x)" for name, label in phases]
+    else:
+        labels = [label for _, label in phases]
+    left.set_xticks(range(len(phases)), labels)
+    left.set_ylabel("tokens/s (median, min-max)")
+    left.set_title(f"{results['setup']['config_name']} config, batch {BATCH} x {TGT_LEN}")
+    left.legend()
+    if results["vanilla"]:
+        lengths = list(results["vanilla"])
+        ours = [results["vanilla"][length]["speedup"] for length in lengths]
+        paper = [results["vanilla"][length]["paper_speedup"] or 0 for length in lengths]
+        positions = range(len(lengths))
+        bars = right.bar([p - 0.2 for p in positions], ours, 0.4, label="transfoxl (this machine)")
+        right.bar_label(bars, fmt="%.0fx", padding=2, fontsize=8)
+        bars = right.bar([p + 0.2 for p in positions], paper, 0.4, label="paper, Table 9")
+        right.bar_label(bars, fmt="%.0fx", padding=2, fontsize=8)
+        right.set_xticks(list(positions), [f"L = {int(length):,}" for length in lengths])
+        right.set_yscale("log")
+        right.set_ylabel("speed-up over no memory (log scale)")
+        right.set_title("evaluation, batch 1")
+        right.legend()
+    else:
+        right.set_axis_off()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        raise SystemExit(worker_main())
+    raise SystemExit(main())

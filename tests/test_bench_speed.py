@@ -1,0 +1,144 @@
+"""scripts/bench_speed.py: a tiny run without transformers 4.37.2, the FLOP count by hand, option errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from tests.utils import load_script
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load_script("bench_speed")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of each phase of the tiny config, workers in fresh processes as in a real run; the output folder."""
+    out = tmp_path_factory.mktemp("speed")
+    options = ["--skip-v4", "--skip-vanilla", "--config", "tiny", "--runs", "1", "--train-steps", "2"]
+    assert bench.main([*options, "--eval-segments", "1", "--out", str(out)]) == 0
+    return out
+
+
+def positive_finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_tiny_run_writes_every_measure(tiny_run: Path) -> None:
+    results = json.loads((tiny_run / "speed.json").read_text())
+    assert set(results) >= {"setup", "machine", "matmul_gflops", "flops_per_token", "runs", "summary", "vanilla"}
+    assert results["sanity"] is None and results["vanilla"] is None  # --skip-v4, --skip-vanilla
+    assert set(results["summary"]) == {"transfoxl"}  # no v4, so no ratios either
+    summary = results["summary"]["transfoxl"]
+    for name in ("train_tokens_per_s", "eval_tokens_per_s", "train_peak_rss_mb", "eval_peak_rss_mb", "train_gflops"):
+        assert positive_finite(summary[name]["median"]), (name, summary[name])
+        assert summary[name]["min"] <= summary[name]["median"] <= summary[name]["max"]
+    assert math.isfinite(summary["train_memory_mb"]["median"])  # peak minus the RSS after loading: may be ~0
+    assert 0 < summary["train_fraction_of_matmul"] < 1
+    train, evaluation = results["runs"]["transfoxl"]["train"], results["runs"]["transfoxl"]["eval"]
+    assert len(train) == len(evaluation) == 1
+    assert len(train[0]["seconds"]) == 2 and len(train[0]["losses"]) == 3 + 2  # warm-up steps are not timed
+    assert all(positive_finite(loss) for loss in train[0]["losses"])
+    assert evaluation[0]["memory_length"] == 512  # timed with a full memory
+    assert train[0]["peak_rss_mb"] >= train[0]["loaded_rss_mb"] > 0
+    assert results["matmul_gflops"]["ceiling"] == max(
+        *results["matmul_gflops"]["before"].values(), *results["matmul_gflops"]["after"].values()
+    )
+    assert results["machine"]["cores"] >= 1 and results["machine"]["transformers_v4"] is None
+
+    table = (tiny_run / "speed.md").read_text()
+    assert "| training tokens/s |" in table and "| evaluation tokens/s |" in table
+    assert "| training memory above the loaded model (MB) |" in table and "not run" in table
+    assert (tiny_run / "speed.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_vanilla_comparison(bench: ModuleType, tiny_run: Path, tmp_path: Path) -> None:
+    """The no-memory comparison, run in this process (a worker would only add its start-up time)."""
+    config = bench.CONFIGS["tiny"]
+    tokens = bench.make_tokens("zipf", config["vocab_size"], {"vanilla": (1, bench.vanilla_tokens([160]))}, seed=0)
+    torch.save(tokens, tmp_path / "tokens.pt")
+    request = dict(impl="transfoxl", folder=None, seed=0, config=config, attn_implementation="eager")
+    request.update(tokens=str(tmp_path / "tokens.pt"), attn_lengths=[160])
+    raw = bench.phase_vanilla(request)
+    entry = raw["lengths"]["160"]
+    assert entry["mem_len"] == entry["memory_length"] == 32  # timed with a full memory of L - 128
+    assert len(entry["vanilla_s_per_token"]) == bench.VANILLA_WINDOWS
+
+    results = json.loads((tiny_run / "speed.json").read_text())
+    fractions = bench.cluster_fractions(tokens["vanilla"], config)
+    results["vanilla"] = bench.summarize_vanilla(raw, config, fractions)
+    summary = results["vanilla"]["160"]
+    assert positive_finite(summary["speedup"]) and summary["paper_speedup"] is None
+    assert summary["vanilla_flops_per_token"] > summary["xl_flops_per_token"] > 0
+    assert "| 160 |" in bench.markdown(results)
+
+
+def test_zipf_tokens_favour_small_ids(bench: ModuleType) -> None:
+    tokens = bench.make_tokens("zipf", 10000, {"train": (8, 1000)}, seed=0)["train"]
+    again = bench.make_tokens("zipf", 10000, {"train": (8, 1000)}, seed=0)["train"]
+    assert torch.equal(tokens, again)  # seeded: both implementations read the same ids
+    fractions = bench.cluster_fractions(tokens, bench.CONFIGS["mid"])
+    assert fractions[0] > 0.8 and abs(sum(fractions) - 1) < 1e-6  # ~H(2000) / H(10000)
+
+
+def test_flop_count_by_hand(bench: ModuleType) -> None:
+    """One layer, E 32, 4 heads x 8, d_inner 64, Q 16 attending to M 8 + Q 16 = K 24 keys; clusters of widths 32,
+    16, 8 (div_val 2) holding ids [0, 20), [20, 50), [50, 100) and 20%, 30%, 50% of the tokens."""
+    config = dict(vocab_size=100, cutoffs=[20, 50], div_val=2, d_model=32, d_embed=32, n_head=4, d_head=8)
+    config.update(d_inner=64, n_layer=1)
+    layer = (
+        2 * 16 * 32 * 32  # queries of the 16 segment positions
+        + 2 * 24 * 32 * 64  # keys and values of the 24 positions
+        + 2 * 24 * 32 * 32  # relative positions, 24 distances
+        + 2 * 16 * 24 * 32 * 2  # content and position scores
+        + 2 * 16 * 24 * 32  # probabilities @ values
+        + 2 * 16 * 32 * 32  # output projection
+        + 2 * 16 * 32 * 64 * 2  # feed-forward
+    ) / 16
+    assert layer == 26112
+    embedding = 0.2 * 2 * 32 * 32 + 0.3 * 2 * 16 * 32 + 0.5 * 2 * 8 * 32
+    head = 2 * 32 * 32 + 2 * 32 * (20 + 2)  # projection, then 20 shortlist logits + 2 cluster logits
+    tails = [2 * 32 * 16 + 2 * 16 * 30, 2 * 32 * 8 + 2 * 8 * 50]  # projection + logits of clusters 1 and 2
+    forward = layer + embedding + head + 0.3 * tails[0] + 0.5 * tails[1]
+    assert forward == pytest.approx(31792.0)
+
+    count = bench.flops_per_token
+    fractions = [0.2, 0.3, 0.5]
+    assert count(config, tgt_len=16, mem_len=8, cluster_fractions=fractions) == pytest.approx(forward)
+    assert count(config, tgt_len=16, mem_len=8, cluster_fractions=fractions, training=True) == pytest.approx(
+        3 * forward
+    )
+    full = layer + embedding + head + sum(tails)  # every cluster for every token: a full distribution
+    assert count(config, tgt_len=16, mem_len=8, cluster_fractions=fractions, all_clusters=True) == pytest.approx(full)
+    # W_{k,R} R is computed once per segment for all the columns of a batch
+    shared = 2 * 24 * 32 * 32 / 16
+    batched = count(config, tgt_len=16, mem_len=8, cluster_fractions=fractions, batch_size=4)
+    assert batched == pytest.approx(forward - shared + shared / 4)
+    with pytest.raises(ValueError, match="cluster_fractions"):
+        count(config, tgt_len=16, mem_len=8, cluster_fractions=[1.0])
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--attn-lengths", "64"], "--attn-lengths must be > the segment length 128, got 64"),
+        (["--runs", "0"], "--runs must be >= 1, got 0"),
+        (["--train-steps", "-1"], "--train-steps must be >= 1"),
+        (["--eval-segments", "0"], "--eval-segments must be >= 1"),
+        (["--tokens", "normal"], "--tokens"),
+    ],
+)
+def test_option_errors_name_the_option(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str], options: list[str], expected: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--skip-v4", *options])
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
