@@ -688,6 +688,15 @@ def summarize(runs: dict, ceiling: float) -> dict:
             for name in ours
             if isinstance(ours[name], dict) and theirs[name]["median"]
         }
+        # Run i of each implementation ran back to back, so their ratio is less exposed to the machine's load
+        # drifting between runs than the ratio of the medians.
+        summary["paired_ratios"] = {
+            phase: [
+                mine["tokens_per_s"] / other["tokens_per_s"]
+                for mine, other in zip(runs["transfoxl"][phase], runs["v4"][phase])
+            ]
+            for phase in ("train", "eval")
+        }
     return summary
 
 
@@ -787,6 +796,16 @@ def markdown(results: dict) -> str:
         f"Model FLOPs per token (matrix products, `flops_per_token`): training {flops['train'] / 1e6:.1f} M "
         f"(forward + backward), evaluation {flops['eval'] / 1e6:.1f} M.",
     ]
+    if "paired_ratios" in summary:
+        paired = summary["paired_ratios"]
+        lines += [
+            "",
+            "Tokens/s ratios of the runs made back to back (run i of each implementation): training "
+            + ", ".join(f"{value:.2f}" for value in paired["train"])
+            + f" (median {statistics.median(paired['train']):.2f}x); evaluation "
+            + ", ".join(f"{value:.2f}" for value in paired["eval"])
+            + f" (median {statistics.median(paired['eval']):.2f}x).",
+        ]
     if results["vanilla"]:
         lines += [
             "",

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -623,6 +624,7 @@ class _Dropout(torch.autograd.Function):
         return torch.where(keep, inputs, 0.0).mul_(ctx.scale)
 
     @staticmethod
+    @once_differentiable  # a second derivative would raise, not come out wrong
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
         return torch.where(keep, grad_output, 0.0).mul_(ctx.scale), None
@@ -644,6 +646,7 @@ class _ReluDropout(torch.autograd.Function):
         return output
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
         return torch.where(output > 0, grad_output, 0.0).mul_(ctx.scale), None
