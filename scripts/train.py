@@ -978,6 +978,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         print(f"\nsaved the model, tokenizer, metrics.json and curves.png in {run_dir} ({seconds:.0f} s in all)")
     accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1:
+        # The gloo process group joins its worker thread in its destructor, which runs (GIL held) when the DDP model
+        # is freed after end_training has destroyed the group; a worker still releasing the last barrier's tensors
+        # then waits for the GIL forever: a hang at exit, seen once in CI. Sleeping releases the GIL so it finishes.
+        time.sleep(0.5)
     accelerator.end_training()
     return 0
 
