@@ -375,6 +375,8 @@ def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch
     """
     batch, heads, q_len, head_dim = query.shape
     k_len = rel_key.shape[1]
+    if q_len == 1:  # one query (decoding) is already indexed by key position: no padding, no copy of rel_key
+        return query @ rel_key.transpose(-1, -2)
     padded_key = torch.cat([rel_key.new_zeros(heads, 1, head_dim), rel_key], dim=1)  # [H, K + 1, D]
     by_head = query.transpose(0, 1).reshape(heads, batch * q_len, head_dim)  # [H, B Q, D]
     padded = torch.bmm(by_head, padded_key.transpose(1, 2))  # [H, B Q, K + 1], column 0 is zero
