@@ -1,14 +1,26 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the reliability report.
+
+Tests marked `@pytest.mark.reliability(area, case, expected)` are the rows of the README's reliability table
+(RELIABILITY.md): a bad input tried or a fault injected, and what must happen. A test may add what actually happened
+(the error message it caught, a measured figure) with `record_property("outcome", text)`. With the environment
+variable `TXL_RELIABILITY_JSON` set to a path, the run writes those rows there with their results;
+`scripts/reliability_report.py` runs that and renders the table.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.utils import tiny_lm
 from transfoxl import TxlForCausalLM
+
+_RELIABILITY_ROWS: list[dict] = []
 
 
 @pytest.fixture
@@ -25,3 +37,31 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("reliability")
+    if marker is None or not os.environ.get("TXL_RELIABILITY_JSON"):
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        fields = dict(zip(("area", "case", "expected"), marker.args), **marker.kwargs)
+        observed = [str(value) for name, value in report.user_properties if name == "outcome"]
+        _RELIABILITY_ROWS.append(
+            {
+                "test": item.nodeid,
+                "area": fields.get("area"),
+                "case": fields.get("case"),
+                "expected": fields.get("expected"),
+                "observed": "; ".join(observed),
+                "result": report.outcome,  # passed / failed / skipped
+            }
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get("TXL_RELIABILITY_JSON")
+    if path:
+        Path(path).write_text(json.dumps(_RELIABILITY_ROWS, indent=1) + "\n")
