@@ -255,6 +255,8 @@ def phase_train(request: dict) -> dict:
     """Training steps with the memory carried; seconds per timed step, RSS after loading and at the peak."""
     impl = request["impl"]
     model = load_model(request, mem_len=TRAIN_MEM_LEN).train()
+    if request.get("gradient_checkpointing") and impl == "transfoxl":
+        model.gradient_checkpointing_enable()  # layers recompute their activations in backward: memory for time
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     # Static shapes: one graph per memory length while the memory fills, then none (as train.py --compile).
     forward = torch.compile(model, dynamic=False) if request["compile"] and impl == "transfoxl" else model
@@ -482,6 +484,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="transfoxl trains with torch.compile(model, dynamic=False) (minutes of compiling on a CPU; evaluation "
         "stays eager)",
     )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="transfoxl trains with gradient checkpointing (as train.py --gradient-checkpointing); v4 has none",
+    )
     parser.add_argument("--skip-v4", action="store_true", help="do not run transformers 4.37.2")
     parser.add_argument("--skip-vanilla", action="store_true", help="skip the comparison with a model without memory")
     parser.add_argument("--v4-venv", type=Path, default=REPO / ".bench" / "venv-v4")
@@ -555,7 +562,12 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
     pythons = {"transfoxl": sys.executable}
     folder = None
     base = {"config": config, "seed": args.seed, "tokens": str(work / "tokens.pt")}
-    base.update(attn_implementation=args.attn_implementation, compile=args.compile, folder=None)
+    base.update(
+        attn_implementation=args.attn_implementation,
+        compile=args.compile,
+        gradient_checkpointing=args.gradient_checkpointing,
+        folder=None,
+    )
     sanity = None
     v4_transformers = None
     if not args.skip_v4:
@@ -644,6 +656,7 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
             "runs": args.runs,
             "attn_implementation": args.attn_implementation,
             "compile": args.compile,
+            "gradient_checkpointing": args.gradient_checkpointing,
             "options": {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()},
         },
         "machine": {
@@ -741,6 +754,16 @@ def cell(entry: dict | None, name: str, digits: int = 1) -> str:
     return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
 
 
+def variant_sentence(setup: dict) -> str:
+    """How transfoxl trained, when not the default eager way (both options only change training)."""
+    variants = []
+    if setup.get("compile"):
+        variants.append("torch.compile(dynamic=False)")
+    if setup.get("gradient_checkpointing"):
+        variants.append("gradient checkpointing (each layer recomputed in backward)")
+    return f" transfoxl trains with {' and '.join(variants)}." if variants else ""
+
+
 def markdown(results: dict) -> str:
     setup, machine, summary = results["setup"], results["machine"], results["summary"]
     ours, theirs, ratio = summary["transfoxl"], summary.get("v4"), summary.get("ratio", {})
@@ -761,7 +784,7 @@ def markdown(results: dict) -> str:
         f"cutoffs {config['cutoffs']}, div_val {config['div_val']}), fp32, {setup['tokens']} token ids. "
         f"Training: batch {BATCH} x {TGT_LEN}, mem_len {TRAIN_MEM_LEN}, dropout {config['dropout']}, AdamW; "
         f"evaluation: batch {BATCH} x {TGT_LEN}, mem_len {EVAL_MEM_LEN}, loss only. Median over {setup['runs']} runs "
-        "(min-max), each a fresh process, implementations alternated.",
+        "(min-max), each a fresh process, implementations alternated." + variant_sentence(setup),
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores ({machine['torch_threads']} torch threads), "
         f"torch {machine['torch']}, transformers {machine['transformers']} (transfoxl) and "

@@ -9,11 +9,21 @@ import torch.nn.functional as F
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
-from transfoxl.modeling_txl import TxlDropout, relative_shift, relu_dropout, shifted_position_scores
+from transfoxl.modeling_txl import (
+    TxlDropout,
+    _use_cpu_training_kernel,
+    causal_memory_mask,
+    cpu_training_relative_attention,
+    eager_relative_attention,
+    relative_shift,
+    relu_dropout,
+    shifted_position_scores,
+)
 
 
 @pytest.mark.parametrize(("q_len", "mem_len"), [(1, 0), (1, 6), (4, 0), (4, 5), (7, 3)])
 def test_shifted_position_scores_equal_relative_shift(q_len, mem_len):
+    torch.manual_seed(q_len * 10 + mem_len)
     k_len = q_len + mem_len
     query = torch.randn(2, 3, q_len, 8, requires_grad=True)
     rel_key = torch.randn(3, k_len, 8, requires_grad=True)
@@ -21,13 +31,61 @@ def test_shifted_position_scores_equal_relative_shift(q_len, mem_len):
     shifted = shifted_position_scores(query, rel_key)
     assert shifted.shape == (2, 3, q_len, k_len)
     visible = torch.ones(q_len, k_len, dtype=torch.bool).tril(mem_len)  # entries above the diagonal are unspecified
-    torch.testing.assert_close(shifted[..., visible], expected[..., visible], rtol=0, atol=1e-6)
+    # The two products sum in different orders: equal up to float32 rounding (1e-5, the bound).
+    torch.testing.assert_close(shifted[..., visible], expected[..., visible], rtol=0, atol=1e-5)
 
     weights = torch.randn(2, 3, q_len, k_len) * visible
     grads = torch.autograd.grad((shifted * weights).sum(), (query, rel_key))
     expected_grads = torch.autograd.grad((expected * weights).sum(), (query, rel_key))
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("q_len", "mem_len", "mask_kind"),
+    [(5, 4, "causal"), (5, 0, "causal"), (1, 6, "none"), (4, 3, "padding"), (6, 2, "same_length")],
+)
+def test_cpu_training_kernel_equals_eager_attention(q_len, mem_len, mask_kind):
+    torch.manual_seed(q_len * 10 + mem_len)
+    batch, heads, head_dim, k_len = 3, 2, 8, q_len + mem_len
+    query = torch.randn(batch, q_len, heads, head_dim).transpose(1, 2).requires_grad_()  # strided, as in the model
+    key_value = torch.randn(batch, k_len, 2 * heads, head_dim).transpose(1, 2).requires_grad_()
+    rel_key = torch.randn(heads, k_len, head_dim, requires_grad=True)
+    content_bias = torch.randn(heads, head_dim, requires_grad=True)
+    position_bias = torch.randn(heads, head_dim, requires_grad=True)
+    mask = None
+    if mask_kind != "none":
+        same_length = mask_kind == "same_length"
+        mask = causal_memory_mask(q_len, mem_len, same_length=same_length, max_mem_len=mem_len, device="cpu")
+    if mask_kind == "padding":  # the first key of sequence 1 is padding: a [B, 1, Q, K] mask
+        mask = mask[None, None].repeat(batch, 1, 1, 1)
+        mask[1, :, :, 0] = True
+    inputs = (query, key_value, rel_key, content_bias, position_bias)
+    weights = torch.randn(batch, heads, q_len, head_dim)
+    results = []
+    for function in (eager_relative_attention, cpu_training_relative_attention):
+        key, value = key_value.chunk(2, dim=1)
+        options = {"dropout": 0.0} if function is eager_relative_attention else {}
+        output = function(query, key, value, rel_key, content_bias, position_bias, mask, scaling=0.3, **options)
+        output = output[0] if isinstance(output, tuple) else output
+        results.append((output, torch.autograd.grad((output * weights).sum(), inputs)))
+    (expected, expected_grads), (output, grads) = results
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def test_cpu_training_kernel_is_taken_only_where_it_applies():
+    leaf = torch.randn(2, 3, requires_grad=True)
+    plain = torch.randn(2, 3)
+    assert _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.0)
+    assert not _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.1)  # SDPA draws the dropout
+    assert not _use_cpu_training_kernel(plain, plain, plain, plain, dropout=0.0)  # inference: SDPA's fused kernel
+    with torch.no_grad():
+        assert not _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.0)
+    assert not _use_cpu_training_kernel(leaf.double(), plain, plain, plain, dropout=0.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.0)
 
 
 def test_relu_dropout_keeps_relu_values_drops_at_rate_p_and_backpropagates_through_kept_units():
