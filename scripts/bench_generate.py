@@ -165,7 +165,7 @@ def summary(seconds: list[float], tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bench_generate.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per implementation (default: %(default)s)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-len", type=int, default=512)
@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("runs", "prompt_len", "new_tokens", "baseline_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if any(batch < 1 for batch in args.batch_sizes):
+        parser.error(f"--batch-sizes must all be >= 1, got {args.batch_sizes}")
+    if args.out.is_dir():
+        parser.error(f"--out {args.out} is a folder; expected a path stem (the script writes its .json and .md)")
 
     work = Path(tempfile.mkdtemp(prefix="bench-generate-"))
     worker = None

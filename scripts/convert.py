@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 import transfoxl
 from transfoxl import TransfoXLConfig, TxlConfig, TxlForCausalLM
+from transfoxl.checkpoints import CheckpointError, safetensors_problem, torch_load_problem
 from transfoxl.configuration_txl import MEMORY_INIT_CHOICES
 from transfoxl.files import fsync_dir, fsync_tree, write_text_atomically
 from transfoxl.modeling_txl import LEGACY_PARAMETER_RENAMES
@@ -257,13 +258,16 @@ def read_state_dict(files: Sequence[Path]) -> dict[str, torch.Tensor]:
                         raise ValueError(f"entry {key!r} is a {type(value).__name__}, not a tensor")
                     state[key] = value
         except Exception as error:
-            # torch's message opens with advice to retry with weights_only=False: that advice is not for us.
-            lines = [line for line in str(error).splitlines() if line.strip() and "weights_only=False" not in line]
-            cause = lines[0].strip() if lines else ""
-            raise ConversionError(
-                f"SOURCE {path.parent.name}/{path.name}: cannot be read (truncated or corrupt file?): "
-                f"{type(error).__name__}: {cause}"
-            ) from error
+            name = f"SOURCE {path.parent.name}/{path.name}"
+            if path.suffix == ".safetensors":
+                # safetensors' own words ("incomplete metadata, file not fully covered") do not say what is wrong.
+                problem = safetensors_problem(path) or f"{type(error).__name__}: {error}"
+                raise ConversionError(f"{name}: cannot be read (truncated or corrupt file?): {problem}") from error
+            # torch's message opens with advice to retry with weights_only=False: torch_load_problem drops it.
+            problem = torch_load_problem(error)
+            if problem.refused:  # a pickle naming a global (code it would run), or not a torch file at all
+                raise ConversionError(f"{name}: {problem.text}") from error
+            raise ConversionError(f"{name}: cannot be read (truncated or corrupt file?): {problem.text}") from error
     return state
 
 
@@ -370,12 +374,12 @@ def legacy_tokenizer(folder: Path, vocab_size: int) -> tuple[Any | None, str]:
 @torch.no_grad()
 def verify(source: Path, converted: Path, *, segments: int, seed: int = VERIFY_SEED) -> Verification:
     """Compare SOURCE loaded as a v4 folder with the converted folder, both with `memory_init="zeros"`."""
-    legacy, info = TxlForCausalLM.from_pretrained(source, memory_init="zeros", output_loading_info=True)
-    if info["missing_keys"] or info["mismatched_keys"]:
+    try:  # from_pretrained refuses missing or mismatched weights (CheckpointError) instead of initialising them
+        legacy = TxlForCausalLM.from_pretrained(source, memory_init="zeros")
+    except CheckpointError as error:
         raise VerificationFailed(
-            f"loading SOURCE as a v4 folder left weights out ({info['missing_keys']}, {info['mismatched_keys']}): "
-            "there is no trustworthy reference to compare with"
-        )
+            f"loading SOURCE as a v4 folder failed, so there is no trustworthy reference to compare with: {error}"
+        ) from error
     # The converted model's own memory_init may be "empty"; the comparison with v4 needs v4's zeros on both sides.
     model = TxlForCausalLM.from_pretrained(converted, memory_init="zeros")
     legacy.eval()

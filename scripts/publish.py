@@ -61,8 +61,10 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import validate_repo_id
+from tokenizers import Tokenizer
 from transformers.dynamic_module_utils import get_relative_imports
 
+from transfoxl import TransfoXLConfig, TxlConfig
 from transfoxl.files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
 
 # Files taken from RUN_DIR as they are (when present); everything else is either generated or left out.
@@ -97,6 +99,7 @@ ROMAN_NUMERALS = {"ii", "iii", "iv", "vi", "viii"}
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog="publish.py",
         description="Publish a scripts/train.py run folder on the Hugging Face Hub (model, code, tokenizer, results "
         "and a generated model card).",
     )
@@ -149,6 +152,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentPars
         parser.error("--dry-run-dir needs --dry-run")
     if args.revision is not None and not args.revision.strip():
         parser.error("--revision: expected a branch name")
+    if args.commit_message is not None and not args.commit_message.strip():
+        parser.error("--commit-message: expected a message (leave the option out for the default one)")
     return parser, args
 
 
@@ -187,6 +192,7 @@ def read_run_folder(parser: argparse.ArgumentParser, run_dir: Path) -> RunFolder
     config = read_json(parser, run_dir / "config.json")
     if not isinstance(config, dict):
         parser.error(f"{run_dir / 'config.json'} must hold a JSON object")
+    check_model_config(parser, run_dir / "config.json", config)
     run = RunFolder(path=run_dir, config=config)
     for name in MODEL_FILES:
         if (run_dir / name).is_file():
@@ -216,6 +222,35 @@ def read_run_folder(parser: argparse.ArgumentParser, run_dir: Path) -> RunFolder
                 if path.suffix == ".json":
                     run.eval_reports[f"eval/{path.name}"] = read_json(parser, path)
     return run
+
+
+def check_model_config(parser: argparse.ArgumentParser, path: Path, config: dict[str, Any]) -> None:
+    """A Transformer-XL config that loads: published otherwise, it would fail for everyone who downloads it."""
+    model_types = (TxlConfig.model_type, TransfoXLConfig.model_type)
+    if config.get("model_type") not in model_types:
+        parser.error(
+            f"{path}: model_type {config.get('model_type')!r} is not a Transformer-XL model (expected one of "
+            f"{', '.join(map(repr, model_types))})"
+        )
+    try:
+        TxlConfig.from_dict(dict(config))
+    except (ValueError, TypeError) as error:
+        parser.error(f"{path} is not a valid Transformer-XL config: {error}")
+
+
+def check_tokenizer_size(parser: argparse.ArgumentParser, run: RunFolder) -> None:
+    """Ids the tokenizer produces must index the model's vocabulary (fewer tokenizer ids is harmless)."""
+    path = run.path / "tokenizer.json"
+    try:
+        size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+    except Exception as error:  # the tokenizers library raises its own exception type on a malformed file
+        parser.error(f"{path} is not a readable tokenizer ({error})")
+    vocab_size = TxlConfig.from_dict(dict(run.config)).vocab_size  # v4 files may leave it out: the default then
+    if size > vocab_size:
+        parser.error(
+            f"vocabulary mismatch: {path} has {size} tokens, the model's vocab_size is {vocab_size}: ids past it "
+            "would fail in the model. Save the tokenizer the model was trained with"
+        )
 
 
 def inside_run(parser: argparse.ArgumentParser, run: RunFolder, name: Any, named_by: str) -> Path:
@@ -312,6 +347,7 @@ def add_tokenizer(parser: argparse.ArgumentParser, run: RunFolder) -> None:
             f"RUN_DIR {run.path} has no tokenizer (tokenizer.json): save it next to the model, e.g. "
             "`AutoTokenizer.from_pretrained(...).save_pretrained(RUN_DIR)`"
         )
+    check_tokenizer_size(parser, run)
     for name in TOKENIZER_FILES:
         if (run.path / name).is_file():
             run.files[name] = run.path / name

@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 
 from transfoxl.tokenization import save_atomically, train_byte_level_bpe, train_char_level, train_word_level
 
+BPE_MIN_VOCAB = 256 + 2  # byte-level BPE: the 256 byte symbols and its two special tokens (<eos>, <pad>)
+
 
 def read_text_file(path: Path) -> Iterator[str]:
     """The lines of a UTF-8 text file, each with its newline (so character-level training sees newlines)."""
@@ -43,6 +45,37 @@ def read_dataset(
     return dataset[column], len(dataset)
 
 
+class TextCounter:
+    """Passes the lines through, counting those that hold more than whitespace (an empty corpus is refused)."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self.lines, self.text_lines = lines, 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            if isinstance(line, str) and line.strip():
+                self.text_lines += 1
+            yield line
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Errors that need no reading: numbers out of range, a missing file, options that do not apply."""
+    if args.text_file is not None and not args.text_file.is_file():
+        what = "is a folder, not a file" if args.text_file.is_dir() else "no such file"
+        parser.error(f"--text-file {args.text_file}: {what}")
+    if args.vocab_size is not None:
+        least = BPE_MIN_VOCAB if args.kind == "bpe" else 1
+        if args.vocab_size < least:
+            reason = " (256 byte symbols + <eos> + <pad>)" if args.kind == "bpe" else ""
+            parser.error(f"--vocab-size must be >= {least} for --kind {args.kind}{reason}, got {args.vocab_size}")
+    if args.min_freq is not None and args.min_freq < 1:
+        parser.error(f"--min-freq must be >= 1 (the fewest occurrences a kept symbol has), got {args.min_freq}")
+    if args.lower_case and args.kind != "word":
+        parser.error(f"--lower-case applies to --kind word only, not {args.kind}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} exists and is not a folder")
+
+
 def train(kind: str, lines: Iterable[str], *, vocab_size: int | None, min_freq: int | None, lower_case: bool):
     """Train a tokenizer of `kind` ("word", "char" or "bpe") on `lines` (each a line of text, newline optional)."""
     if kind == "word":
@@ -59,7 +92,9 @@ def train(kind: str, lines: Iterable[str], *, vocab_size: int | None, min_freq: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="train_tokenizer.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kind", choices=("word", "char", "bpe"), required=True)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text-file", type=Path, help="a UTF-8 text file, one line of the corpus per line")
@@ -77,18 +112,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace tokenizer files already in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    check_args(parser, args)
 
+    source = f"--text-file {args.text_file}" if args.text_file is not None else f"--dataset {args.dataset}"
     try:
         if args.text_file is not None:
             lines, total = read_text_file(args.text_file), None
         else:
             lines, total = read_dataset(args.dataset, args.config, args.split, args.text_column, args.cache_dir)
-        lines = tqdm(lines, total=total, unit=" lines", desc=f"training {args.kind}", disable=args.no_progress)
+        counter = TextCounter(lines)
+        lines = tqdm(counter, total=total, unit=" lines", desc=f"training {args.kind}", disable=args.no_progress)
         tokenizer = train(
             args.kind, lines, vocab_size=args.vocab_size, min_freq=args.min_freq, lower_case=args.lower_case
         )
+    except UnicodeDecodeError as error:
+        print(f"error: {source} is not UTF-8 text ({error})", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    if counter.text_lines == 0:
+        print(
+            f"error: {source} holds no text (no line with anything but whitespace): nothing to train on",
+            file=sys.stderr,
+        )
+        return 1
+    # Word and char vocabularies keep only symbols seen --min-freq times; with none, every text would be <unk>.
+    # (Character level always has the newline; byte-level BPE always has its 256 bytes.)
+    learned = set(tokenizer.get_vocab()) - set(tokenizer.all_special_tokens) - {"\n"}
+    if args.kind != "bpe" and not learned:
+        print(
+            f"error: no {'word' if args.kind == 'word' else 'character'} of {source} occurs --min-freq "
+            f"{args.min_freq or 1} times or more: the vocabulary would hold only the special tokens",
+            file=sys.stderr,
+        )
         return 1
     try:
         save_atomically(tokenizer, args.out, overwrite=args.overwrite)

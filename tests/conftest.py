@@ -56,7 +56,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
                 "case": fields.get("case"),
                 "expected": fields.get("expected"),
                 "observed": "; ".join(observed),
-                "result": report.outcome,  # passed / failed / skipped
+                # passed / failed / skipped, or xfailed: a known gap, marked xfail(strict=True) with its reason
+                "result": "xfailed" if hasattr(report, "wasxfail") and report.skipped else report.outcome,
+                "reason": getattr(report, "wasxfail", ""),
             }
         )
 

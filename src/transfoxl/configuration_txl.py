@@ -13,6 +13,8 @@ unchanged, old key names and ignored keys included.
 
 from __future__ import annotations
 
+import math
+import numbers
 from itertools import pairwise
 from typing import Any
 
@@ -23,6 +25,17 @@ logger = logging.get_logger(__name__)
 
 MEMORY_INIT_CHOICES = ("empty", "zeros")
 INIT_CHOICES = ("normal", "uniform")
+BOOLEAN_FIELDS = ("pre_lnorm", "same_length", "untie_r", "use_cache", "tie_word_embeddings")
+
+
+def _is_integer(value: Any) -> bool:
+    """An integer (numpy's included) that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_flag(value: Any) -> bool:
+    """A bool, or the 0 / 1 some JSON writers use; a string such as "no" would silently count as true."""
+    return isinstance(value, bool) or (_is_integer(value) and value in (0, 1))
 
 
 class TxlConfig(PreTrainedConfig):
@@ -152,9 +165,12 @@ class TxlConfig(PreTrainedConfig):
         legacy_options = _pop_legacy_options(kwargs)
         if tie_word_embeddings is None:
             tie_word_embeddings = legacy_options["tie_weight"]
+        if tie_word_embeddings is not None and not _is_flag(tie_word_embeddings):
+            raise ValueError(f"TxlConfig: `tie_word_embeddings` must be a bool, got {tie_word_embeddings!r}.")
 
         self.vocab_size = vocab_size
-        self.cutoffs = list(cutoffs) if cutoffs is not None else []
+        # Any sequence of ids is accepted (a tuple, a numpy array); anything else is refused by validate().
+        self.cutoffs = [] if cutoffs is None else list(cutoffs) if _is_sequence(cutoffs) else cutoffs
         self.d_model = d_model
         self.d_embed = d_embed
         self.n_head = n_head
@@ -166,7 +182,7 @@ class TxlConfig(PreTrainedConfig):
         self.mem_len = mem_len
         self.clamp_len = clamp_len
         self.same_length = same_length
-        self.tie_projs = list(tie_projs) if tie_projs is not None else None
+        self.tie_projs = list(tie_projs) if _is_sequence(tie_projs) else tie_projs
         self.untie_r = untie_r
         self.dropout = dropout
         self.dropatt = dropatt
@@ -186,6 +202,7 @@ class TxlConfig(PreTrainedConfig):
         # so derived values and checks come after it.
         super().__init__(**kwargs)
 
+        _check_cutoffs(self.cutoffs)
         self.cutoffs = [int(cutoff) for cutoff in self.cutoffs]
         if self.d_embed is None:
             self.d_embed = self.d_model
@@ -211,6 +228,7 @@ class TxlConfig(PreTrainedConfig):
             )
 
         cutoffs = self.cutoffs
+        _check_cutoffs(cutoffs)
         if any(later <= earlier for earlier, later in pairwise(cutoffs)):
             raise ValueError(f"TxlConfig: `cutoffs` must be strictly increasing, got {cutoffs}.")
         if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocab_size):
@@ -228,6 +246,10 @@ class TxlConfig(PreTrainedConfig):
                 f"TxlConfig: d_embed={self.d_embed} with div_val={self.div_val} gives the last of {len(cutoffs) + 1} "
                 "clusters an embedding of width 0; lower `div_val` or raise `d_embed`."
             )
+        if not isinstance(self.tie_projs, list) or not all(_is_flag(tie) for tie in self.tie_projs):
+            raise ValueError(
+                f"TxlConfig: `tie_projs` must be a list of bools (one per cluster), got {self.tie_projs!r}."
+            )
         if len(self.tie_projs) != len(cutoffs) + 1:
             raise ValueError(
                 f"TxlConfig: `tie_projs` needs one entry per cluster (len(cutoffs) + 1 = {len(cutoffs) + 1}), "
@@ -243,8 +265,20 @@ class TxlConfig(PreTrainedConfig):
             )
         if self.init not in INIT_CHOICES:
             raise ValueError(f"TxlConfig: `init` must be one of {INIT_CHOICES}, got {self.init!r}.")
-        if not self.layer_norm_epsilon > 0:
+        if not _is_positive_number(self.layer_norm_epsilon):
             raise ValueError(f"TxlConfig: `layer_norm_epsilon` must be > 0, got {self.layer_norm_epsilon!r}.")
+        for name in ("init_std", "init_range", "proj_init_std"):
+            value = getattr(self, name)
+            if not (_is_positive_number(value) or value == 0) or isinstance(value, bool):
+                raise ValueError(
+                    f"TxlConfig: `{name}` must be a number >= 0 (a spread of initial weights), got {value!r}."
+                )
+        for name in BOOLEAN_FIELDS:
+            value = getattr(self, name)
+            if not _is_flag(value):
+                raise ValueError(f"TxlConfig: `{name}` must be a bool, got {value!r}.")
+        if not _is_integer(self.num_labels) or self.num_labels < 1:
+            raise ValueError(f"TxlConfig: `num_labels` must be an integer >= 1, got {self.num_labels!r}.")
         for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
@@ -284,6 +318,22 @@ class TxlConfig(PreTrainedConfig):
     def cluster_width(self, cluster: int) -> int:
         """Embedding width of cluster `cluster` of the adaptive embedding and softmax."""
         return self.d_embed // (self.div_val**cluster)
+
+
+def _is_sequence(value: Any) -> bool:
+    return value is not None and not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__")
+
+
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_cutoffs(cutoffs: Any) -> None:
+    if not isinstance(cutoffs, list) or not all(_is_integer(cutoff) for cutoff in cutoffs):
+        raise ValueError(
+            f"TxlConfig: `cutoffs` must be a list of integer token ids (cluster boundaries, [] for one softmax), got "
+            f"{cutoffs!r}."
+        )
 
 
 def _pop_legacy_options(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .configuration_txl import MEMORY_INIT_CHOICES
 from .data import StreamBatcher
 from .modeling_txl import TxlMemory
 
@@ -105,8 +106,12 @@ def evaluation_settings(
             raise ValueError(f"clamp_len must be an integer (<= 0: no clamping), got {clamp_len!r}.")
         config.clamp_len = clamp_len
     if same_length is not None:
-        config.same_length = bool(same_length)
+        if not isinstance(same_length, bool):
+            raise ValueError(f"same_length must be a bool, got {same_length!r}.")
+        config.same_length = same_length
     if memory_init is not None:
+        if memory_init not in MEMORY_INIT_CHOICES:
+            raise ValueError(f"memory_init must be one of {MEMORY_INIT_CHOICES}, got {memory_init!r}.")
         config.memory_init = memory_init
     try:
         yield
@@ -141,8 +146,15 @@ def evaluate_stream(
     """
     if not isinstance(mem_len, int) or isinstance(mem_len, bool) or mem_len < 0:
         raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}.")
+    if max_segments is not None and (not isinstance(max_segments, int) or isinstance(max_segments, bool)):
+        raise ValueError(f"max_segments must be an integer >= 1 or None, got {max_segments!r}.")
     if max_segments is not None and max_segments < 1:
         raise ValueError(f"max_segments must be >= 1 or None, got {max_segments!r}.")
+    if stream is None or isinstance(stream, (str, bytes)):
+        raise TypeError(
+            "evaluate_stream: `stream` must be token ids (a 1-D tensor or a list of ints) or a StreamBatcher, got "
+            f"{type(stream).__name__}."
+        )
     device = next(model.parameters()).device
     if isinstance(stream, StreamBatcher):
         batcher = stream
@@ -150,6 +162,14 @@ def evaluate_stream(
             raise ValueError(f"The StreamBatcher has tgt_len {batcher.tgt_len}, evaluate_stream got {tgt_len}.")
     else:
         batcher = StreamBatcher(stream, batch_size, tgt_len, rank=rank, world_size=world_size, device=device)
+    # Once, before any segment: a bad id would otherwise stop the evaluation wherever it sits in the stream.
+    vocab_size = model.config.vocab_size
+    low, high = int(batcher.columns.min()), int(batcher.columns.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"The stream holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab_size}): "
+            "was it encoded with another tokenizer?"
+        )
     n_segments = len(batcher) if max_segments is None else min(max_segments, len(batcher))
     was_training = model.training
     model.eval()

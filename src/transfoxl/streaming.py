@@ -8,6 +8,7 @@ generate() returns. The stream keeps such tokens as `pending` and feeds them fir
 from __future__ import annotations
 
 import copy
+import numbers
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -47,9 +48,16 @@ class TxlStream:
         progress: bool = False,
     ) -> None:
         config = model.config
-        segment_len = segment_len or getattr(config, "tgt_len", None) or config.mem_len or 128
-        if batch_size < 1 or segment_len < 1:
-            raise ValueError(f"TxlStream needs batch_size >= 1 and segment_len >= 1, got {batch_size}, {segment_len}.")
+        # None only means "the default": segment_len=0 is an error, not the default.
+        if segment_len is None:
+            segment_len = getattr(config, "tgt_len", None) or config.mem_len or 128
+        for name, value, least in (
+            ("batch_size", batch_size, 1),
+            ("segment_len", segment_len, 1),
+            ("mem_len", mem_len, 0),
+        ):
+            if value is not None and (not _is_integer(value) or value < least):
+                raise ValueError(f"TxlStream: {name} must be an integer >= {least}, got {value!r}.")
         self.model, self.batch_size, self.segment_len, self.progress = model, batch_size, segment_len, progress
         self.memory = TxlMemory.from_config(config, mem_len)
         self.device = next(model.parameters()).device
@@ -121,14 +129,21 @@ class TxlStream:
         """`[batch_size, n]` long tensors on the model's device, from any of the accepted inputs."""
         if isinstance(tokens, torch.Tensor):
             tokens = [tokens]
+        elif isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            raise TypeError(
+                f"TxlStream.feed: expected token ids (a tensor, a list of ints or an iterator), got "
+                f"{type(tokens).__name__}; encode text first, e.g. tokenizer(text, return_tensors='pt').input_ids."
+            )
         buffer: list[int] = []
         for item in tokens:
-            if isinstance(item, int):  # an iterator of single ids: group them to avoid one forward per id
-                buffer.append(item)
+            if _is_integer(item):  # an iterator of single ids: group them to avoid one forward per id
+                buffer.append(int(item))
                 if len(buffer) == self.segment_len:
                     yield self._as_batch(torch.tensor(buffer))
                     buffer = []
                 continue
+            if not isinstance(item, (torch.Tensor, list, tuple)) and not hasattr(item, "__array__"):
+                raise TypeError(f"TxlStream.feed: token ids must be integers, got {item!r} ({type(item).__name__}).")
             yield self._as_batch(torch.as_tensor(item))
         if buffer:
             yield self._as_batch(torch.tensor(buffer))
@@ -141,8 +156,17 @@ class TxlStream:
                 f"TxlStream.feed: expected ids of shape [T] or [{self.batch_size}, T] (one row per stream), got "
                 f"{tuple(chunk.shape)}."
             )
-        if chunk.is_floating_point():
+        if chunk.is_floating_point() or chunk.is_complex() or chunk.dtype == torch.bool:
             raise ValueError(f"TxlStream.feed: token ids must be integers, got dtype {chunk.dtype}.")
+        # Checked here, before anything is kept: a bad id found later, in a forward, would leave it pending for good.
+        vocab_size = self.model.config.vocab_size
+        if chunk.numel() > 0:
+            low, high = int(chunk.min()), int(chunk.max())
+            if low < 0 or high >= vocab_size:
+                raise ValueError(
+                    f"TxlStream.feed: token id {low if low < 0 else high} is outside the vocabulary "
+                    f"[0, {vocab_size}); nothing of this chunk was fed."
+                )
         return chunk.to(self.device, torch.long)
 
     @staticmethod
@@ -150,3 +174,8 @@ class TxlStream:
         if isinstance(tokens, torch.Tensor):
             return tokens.shape[-1]
         return len(tokens) if isinstance(tokens, (list, tuple)) and all(isinstance(t, int) for t in tokens) else None
+
+
+def _is_integer(value: object) -> bool:
+    """An integer (numpy's included) that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

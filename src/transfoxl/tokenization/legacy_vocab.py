@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import reprlib
 import subprocess
@@ -178,6 +177,11 @@ def safe_load_pickle(data: bytes, *, source: str = "<pickle>", strict: bool = Fa
         raise
     except EOFError as error:
         raise LegacyVocabError(f"{source}: the pickle ends early (truncated file?)") from error
+    except UnicodeDecodeError as error:  # a Python 2 pickle's byte strings are read as UTF-8, as v4 wrote its text
+        raise LegacyVocabError(
+            f"{source}: holds text that is not UTF-8 ({error}); vocabularies in another encoding (a Python 2 "
+            "pickle of Latin-1 byte strings, say) are not supported: rebuild the vocabulary from the UTF-8 corpus"
+        ) from error
     except Exception as error:  # any malformed opcode stream: UnpicklingError, ValueError, TypeError, ...
         raise LegacyVocabError(f"{source}: not a readable pickle ({type(error).__name__}: {error})") from error
     return obj, unpickler.skipped_globals
@@ -352,8 +356,19 @@ def _load_pickle_vocab(path: str, overrides: Mapping[str, Any] | None) -> Legacy
 
 
 # Runs in the isolated reader: this file executed with the standard library only (python -I -S), answering JSON.
+# The reader limits itself before reading anything (not a preexec_fn in the parent, which can deadlock the fork of a
+# process that runs threads, as torch and tokenizers do); a limit above the inherited hard limit is lowered to it.
 _READER = """
 import json, runpy, sys
+try:
+    import resource
+except ImportError:  # not POSIX: no limits
+    resource = None
+if resource is not None:
+    for limit, value in ((resource.RLIMIT_AS, int(sys.argv[4])), (resource.RLIMIT_CPU, int(sys.argv[5]))):
+        hard = resource.getrlimit(limit)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(limit, (value, value))
 module = runpy.run_path(sys.argv[1])
 try:
     vocab = module["_load_pickle_vocab"](sys.argv[2], json.loads(sys.argv[3]))
@@ -367,13 +382,6 @@ print(json.dumps(answer))
 """
 
 
-def _limit_reader_resources() -> None:  # pragma: no cover - runs in the child process
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (READER_MEMORY_BYTES, READER_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_CPU, (READER_CPU_SECONDS, READER_CPU_SECONDS))
-
-
 def _load_pickle_vocab_isolated(path: Path, overrides: Mapping[str, Any] | None) -> LegacyVocab:
     """Read a pickled vocabulary in a separate process limited in memory and CPU time (POSIX).
 
@@ -381,15 +389,11 @@ def _load_pickle_vocab_isolated(path: Path, overrides: Mapping[str, Any] | None)
     what the pickle machine itself can be pushed into by a crafted file (C-stack overflow on deep nesting, huge
     allocations, long loops): the caller gets a `LegacyVocabError`, not a crash or a hang.
     """
+    limits = [str(READER_MEMORY_BYTES), str(READER_CPU_SECONDS)]
     command = [sys.executable, "-I", "-S", "-c", _READER, __file__, str(path), json.dumps(dict(overrides or {}))]
     try:
         result = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=2 * READER_CPU_SECONDS,
-            preexec_fn=_limit_reader_resources if os.name == "posix" else None,
-            check=False,
+            [*command, *limits], capture_output=True, text=True, timeout=2 * READER_CPU_SECONDS, check=False
         )
     except subprocess.TimeoutExpired as error:
         raise LegacyVocabError(f"{path}: reading the vocabulary took over {2 * READER_CPU_SECONDS} s") from error
@@ -398,7 +402,7 @@ def _load_pickle_vocab_isolated(path: Path, overrides: Mapping[str, Any] | None)
         detail = result.stderr.strip().splitlines()[-1:] or [""]
         raise LegacyVocabError(
             f"{path}: the isolated reader failed ({reason}) {detail[0]}; the file is malformed, hostile or needs more "
-            f"than {READER_MEMORY_BYTES // 2**30} GiB of memory"
+            f"than {READER_MEMORY_BYTES / 2**30:g} GiB of memory"
         )
     answer = json.loads(result.stdout)
     if "error" in answer:

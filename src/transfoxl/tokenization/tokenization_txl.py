@@ -340,35 +340,105 @@ class TransfoXLTokenizerFast(PreTrainedTokenizerFast):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike[str], *init_inputs: Any, **kwargs: Any
     ) -> PreTrainedTokenizerFast:
-        folder = Path(pretrained_model_name_or_path)
-        if not folder.is_dir():
-            try:  # a Hub repository: fetch what a legacy folder may hold
-                from huggingface_hub import snapshot_download
+        """Load `tokenizer.json` or convert a v4 vocabulary (see the class docstring).
 
-                folder = Path(
-                    snapshot_download(
-                        str(pretrained_model_name_or_path),
-                        allow_patterns=["tokenizer.json", "*.json", "vocab.pkl", "vocab.bin"],
-                        revision=kwargs.get("revision"),
-                        cache_dir=kwargs.get("cache_dir"),
-                        token=kwargs.get("token"),
-                        local_files_only=kwargs.get("local_files_only", False),
-                    )
-                )
-            except Exception as error:
-                raise OSError(
-                    f"{pretrained_model_name_or_path!r}: not a folder, and not downloadable ({error})"
-                ) from error
+        Raises `OSError` naming the path for a missing folder, a repo id that cannot be fetched (or, offline, is not
+        cached), a folder without tokenizer files, and a tokenizer file that is truncated, corrupt or not UTF-8;
+        `LegacyVocabError` for a v4 vocabulary that is unreadable or needs anything but plain data.
+        """
+        folder = Path(pretrained_model_name_or_path).expanduser()
+        if not folder.is_dir():
+            folder = _fetch_tokenizer_files(pretrained_model_name_or_path, kwargs)
         subfolder = kwargs.pop("subfolder", "") or ""
         folder = folder / subfolder
         if (folder / "tokenizer.json").is_file():
-            return PreTrainedTokenizerFast.from_pretrained(folder, *init_inputs, **kwargs)
+            try:
+                return PreTrainedTokenizerFast.from_pretrained(folder, *init_inputs, **kwargs)
+            except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot parse
+                bad_file = _broken_tokenizer_file(folder)
+                if bad_file is not None:
+                    raise bad_file from error
+                raise
         if find_legacy_vocab_file(folder) is None:
             raise OSError(f"{folder}: no tokenizer.json, vocab.pkl or vocab.bin")
         accepted = ("lower_case", "unk_token", "eos_token", "additional_special_tokens", "add_eos", "eos_per_line")
         tokenizer = tokenizer_from_legacy_vocab(folder, **{key: kwargs[key] for key in accepted if key in kwargs})
         tokenizer.name_or_path = str(pretrained_model_name_or_path)
         return tokenizer
+
+
+# JSON files a saved tokenizer folder may hold, all read by transformers when loading it.
+_TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+# A Hub repo id ("name" or "org/name"); anything else that does not exist is a missing local folder.
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def _fetch_tokenizer_files(name_or_path: str | os.PathLike[str], kwargs: dict[str, Any]) -> Path:
+    """The local snapshot of a Hub repo's tokenizer files; `OSError` naming `name_or_path` if there is none."""
+    name = os.fspath(name_or_path)
+    if not _REPO_ID.match(name) or ".." in name or "--" in name:
+        raise OSError(f"{name}: no such folder (and not a Hub repo id of the form org/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(
+                name,
+                allow_patterns=["tokenizer.json", "*.json", "vocab.pkl", "vocab.bin"],
+                revision=kwargs.get("revision"),
+                cache_dir=kwargs.get("cache_dir"),
+                token=kwargs.get("token"),
+                local_files_only=kwargs.get("local_files_only", False),
+            )
+        )
+    except LocalEntryNotFoundError as error:
+        raise OSError(
+            f"{name}: not a local folder, and not in the Hugging Face cache while the Hub cannot be reached (offline: "
+            "HF_HUB_OFFLINE=1 or local_files_only=True, or no network): download it once online, or give the path "
+            "of a local copy"
+        ) from error
+    except Exception as error:
+        raise OSError(f"{name}: not a local folder, and not downloadable ({type(error).__name__}: {error})") from error
+
+
+def _broken_tokenizer_file(folder: Path) -> OSError | None:
+    """After loading `folder` failed: the error naming its first broken tokenizer file, or None if all are sound."""
+    for name in _TOKENIZER_JSON_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            raw = path.read_bytes()
+            if not raw:
+                return OSError(f"{path}: the file is empty (0 bytes). Download it again, or save the tokenizer again")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return OSError(
+                f"{path}: not UTF-8 text ({error}); tokenizer files are UTF-8 JSON. Was it written in another "
+                "encoding (Latin-1, UTF-16)? Save it again as UTF-8"
+            )
+        except OSError as error:
+            return OSError(f"{path}: cannot be read ({error})")
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            # These files are JSON objects: one that does not end with "}" was cut short.
+            what = "corrupt" if text.rstrip().endswith("}") else "truncated (it ends early)"
+            return OSError(
+                f"{path}: not valid JSON ({error}): the file is {what}. Download it again, or save the tokenizer again"
+            )
+        if not isinstance(data, dict):
+            return OSError(f"{path}: holds a JSON {type(data).__name__}, not an object: not a tokenizer file")
+        if name == "tokenizer.json":
+            try:
+                Tokenizer.from_str(text)
+            except Exception as error:
+                return OSError(
+                    f"{path}: valid JSON, but not a tokenizer that the tokenizers library can load ({error}). "
+                    "Download it again, or save the tokenizer again"
+                )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
