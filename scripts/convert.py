@@ -48,20 +48,14 @@ from tqdm.auto import tqdm
 
 import transfoxl
 from transfoxl import TransfoXLConfig, TxlConfig, TxlForCausalLM
-from transfoxl.checkpoints import CheckpointError, safetensors_problem, torch_load_problem
+from transfoxl.checkpoints import WEIGHT_NAMES, CheckpointError, safetensors_problem, torch_load_problem, weight_files
 from transfoxl.configuration_txl import MEMORY_INIT_CHOICES
 from transfoxl.files import fsync_dir, fsync_tree, write_text_atomically
 from transfoxl.modeling_txl import LEGACY_PARAMETER_RENAMES
 from transfoxl.tokenization import LegacyVocabError, tokenizer_from_legacy_vocab
 from transfoxl.tokenization.legacy_vocab import find_legacy_vocab_file
 
-# Weight files in the order transformers prefers them (safetensors first), single file before index.
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+WEIGHT_FILES = WEIGHT_NAMES  # the order transformers prefers them in (safetensors first), single file before index
 # What a Hub repo id fetches: the files a v4 checkpoint may hold, and the source card (for its license).
 SNAPSHOT_PATTERNS = [
     "config.json",
@@ -216,21 +210,12 @@ def read_legacy_config(folder: Path) -> TransfoXLConfig:
 
 def find_weight_files(folder: Path) -> list[Path]:
     """The weight files to read: the first of `WEIGHT_FILES` present, an index expanded to its shards."""
-    for name in WEIGHT_FILES:
-        path = folder / name
-        if not path.is_file():
-            continue
-        if not name.endswith(".index.json"):
-            return [path]
-        try:
-            weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ConversionError(f"SOURCE {folder.name}/{name}: not a readable shard index ({error})") from error
-        for shard in shards:  # an index names files of this folder only
-            if not isinstance(shard, str) or Path(shard).name != shard or not (folder / shard).is_file():
-                raise ConversionError(f"SOURCE {folder.name}/{name}: names the shard {shard!r}, which is missing")
-        return [folder / shard for shard in shards]
+    try:
+        files = weight_files(folder, strict=True)  # the order transformers reads them in
+    except CheckpointError as error:
+        raise ConversionError(f"SOURCE {folder.name}: {error}") from error
+    if files:
+        return files
     found = sorted(path.name for path in folder.iterdir() if path.suffix in (".h5", ".ckpt", ".msgpack", ".pt"))
     hint = f" (found {found}: TensorFlow / Flax / other formats are not read)" if found else ""
     raise ConversionError(f"SOURCE {folder.name}: no weights file, none of {', '.join(WEIGHT_FILES)}{hint}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -44,9 +45,13 @@ def run_tests(json_path: Path, slow: bool) -> int:
     return subprocess.run(command, cwd=REPO, env=env, check=False).returncode
 
 
+TEMPORARY_PATH = re.compile(r"/(?:private/)?(?:tmp|var/folders)/[^\s'\"]*?pytest-\d+/")
+
+
 def escape(text: object) -> str:
-    """A markdown table cell: one line, pipes escaped, long messages shortened."""
-    text = " ".join(str(text or "").split()).replace("|", "\\|")
+    """A markdown table cell: one line, pipes escaped, pytest's temporary folders shortened (so that the table is
+    the same from run to run), long messages shortened."""
+    text = TEMPORARY_PATH.sub("<tmp>/", " ".join(str(text or "").split())).replace("|", "\\|")
     return text if len(text) <= 300 else text[:297] + "..."
 
 
@@ -68,8 +73,9 @@ def render(rows: list[dict], faults: dict | None, long_runs: dict | None) -> str
     for row in rows:
         by_area[row["area"] or "other"].append(row)
     for area in sorted(by_area):
+        heading = area if "." in area else area[:1].upper() + area[1:]  # script names stay as they are
         lines += [
-            f"## {area[:1].upper() + area[1:]}",
+            f"## {heading}",
             "",
             "| case | expected | observed | result |",
             "|---|---|---|---|",
@@ -86,9 +92,34 @@ def render(rows: list[dict], faults: dict | None, long_runs: dict | None) -> str
             )
         lines.append("")
     if faults is not None:
-        lines += ["## Fault harness (`scripts/fault_harness.py`)", "", fenced(faults), ""]
+        lines += ["## Fault harness (`scripts/fault_harness.py`)", "", render_faults(faults), ""]
     if long_runs is not None:
         lines += ["## Long runs (`scripts/long_runs.py`)", "", fenced(long_runs), ""]
+    return "\n".join(lines)
+
+
+def render_faults(faults: dict) -> str:
+    """The harness's verdict and one row per kill."""
+    summary, setup = faults["summary"], faults.get("setup", {})
+    lines = [
+        f"Training (`train.py {' '.join(setup.get('train_options', []))}`) SIGKILLed {summary['kills']} times at "
+        f"random moments ({summary['kills_inside_checkpoint_write']} inside a checkpoint write), resumed with "
+        f"`--resume` after each: {summary['kills_ok']} of {summary['kills']} kills survived, "
+        f"{summary['resumes_ok']} of {summary['resumes_checked']} resumes started from the newest complete "
+        f"checkpoint, {summary['checkpoints_verified']} checkpoints checked against the uninterrupted run's "
+        f"({summary['corrupt_checkpoints']} corrupt), final weights "
+        f"{'bitwise equal' if summary['exact_final_weights'] else 'DIFFERENT'} to the uninterrupted run's, "
+        f"metrics {'equal' if summary['metrics_equal'] else 'DIFFERENT'}. Verdict: "
+        f"{'passed' if summary['passed'] else '**FAILED**'}.",
+        "",
+        "| kill | moment | how | where it landed | resumed from | outcome |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kill in faults.get("kills", []):
+        lines.append(
+            f"| {kill['kill']} | {escape(kill['moment'])} | {escape(kill['killed_by'])} | {escape(kill['landed'])} | "
+            f"{escape(kill['resumed_from'])} | {escape(kill['outcome'])} |"
+        )
     return "\n".join(lines)
 
 
