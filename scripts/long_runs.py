@@ -141,9 +141,12 @@ def census() -> dict[str, int]:
             elif isinstance(obj, TxlMemoryLayer):
                 counts["memory_layers"] += 1
             elif isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+                try:  # tensors without data (torch.compile's fake tensors, left by other code) are not counted
+                    storage = obj.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+                except RuntimeError:
+                    continue
                 counts["tensors"] += 1
-                storage = obj.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
     counts["tensor_bytes"] = sum(storages.values())
     return counts
 

@@ -57,18 +57,19 @@ def test_small_long_run_writes_its_figures_and_leaks_nothing(long_runs, tmp_path
 
     leaks = results["leaks"]
     assert set(leaks["evaluation"]["before"]) == set(leaks["evaluation"]["after"]) == CENSUS_KEYS
-    assert leaks["evaluation"]["after"] == leaks["evaluation"]["before"]
+    # The census is of the whole process: objects other tests left (torch.compile's caches) may be collected
+    # meanwhile, so nothing may grow, rather than everything stay equal.
+    before, after = leaks["evaluation"]["before"], leaks["evaluation"]["after"]
+    assert all(after[key] <= before[key] for key in CENSUS_KEYS), (before, after)
     generation = leaks["generation"]
     # Counts are of the whole process (earlier tests' tracebacks may hold memories): compare with before the stream.
     before_stream = generation["before_the_stream"]
     assert generation["after_the_first_call"]["memories"] == before_stream["memories"] + 1  # the stream's own
     first, last = generation["after_the_first_call"], generation["after_the_last_call"]
-    assert {key: last[key] for key in ("memories", "memory_layers", "tensors")} == {
-        key: first[key] for key in ("memories", "memory_layers", "tensors")
-    }
+    assert all(last[key] <= first[key] for key in ("memories", "memory_layers", "tensors")), (first, last)
     assert last["tensor_bytes"] <= first["tensor_bytes"]  # buffers are re-sized as the window slides, never grown
     assert generation["after_deleting_the_stream"]["memories"] == before_stream["memories"]
-    assert generation["after_deleting_the_stream"]["tensors"] == before_stream["tensors"]
+    assert generation["after_deleting_the_stream"]["tensors"] <= before_stream["tensors"]
     assert leaks["verdict"] == {"grown": {"evaluation": [], "generation_calls": [], "deleted_stream": []}, "ok": True}
     # RSS at these sizes is mostly warm-up noise: the bound is checked at the real sizes (slow test below).
     assert status == (0 if results["passed"] else 1)
