@@ -28,7 +28,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slow", action="store_true", help="include the slow reliability tests")
     parser.add_argument("--no-pytest", action="store_true", help="do not run the tests; use --tests-json as it is")
-    parser.add_argument("--tests-json", type=Path, default=REPO / "benchmarks" / "reliability_tests.json")
+    parser.add_argument(
+        "--tests-json",
+        type=Path,
+        default=REPO / ".bench" / "reliability_tests.json",
+        help="where the marked tests' rows are written and read (an intermediate: not tracked)",
+    )
     parser.add_argument("--faults-json", type=Path, default=REPO / "benchmarks" / "faults.json")
     parser.add_argument("--long-runs-json", type=Path, default=REPO / "benchmarks" / "long_runs.json")
     parser.add_argument("--out", type=Path, default=REPO / "RELIABILITY.md")
