@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from .configuration_txl import MEMORY_INIT_CHOICES
 from .data import StreamBatcher
-from .modeling_txl import TxlMemory
+from .modeling_txl import TxlMemory, token_id_outside
 
 __all__ = ["StreamEvaluation", "evaluate_stream", "evaluation_settings", "is_character_level"]
 
@@ -164,10 +164,10 @@ def evaluate_stream(
         batcher = StreamBatcher(stream, batch_size, tgt_len, rank=rank, world_size=world_size, device=device)
     # Once, before any segment: a bad id would otherwise stop the evaluation wherever it sits in the stream.
     vocab_size = model.config.vocab_size
-    low, high = int(batcher.columns.min()), int(batcher.columns.max())
-    if low < 0 or high >= vocab_size:
+    bad = token_id_outside(batcher.columns, vocab_size)
+    if bad is not None:
         raise ValueError(
-            f"The stream holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab_size}): "
+            f"The stream holds token id {bad}, outside the model's vocabulary [0, {vocab_size}): "
             "was it encoded with another tokenizer?"
         )
     n_segments = len(batcher) if max_segments is None else min(max_segments, len(batcher))

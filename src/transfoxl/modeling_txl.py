@@ -387,6 +387,17 @@ def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch
     return shifted.transpose(0, 1)  # [B, H, Q, K]
 
 
+def token_id_outside(ids: torch.Tensor, vocab_size: int) -> int | None:
+    """A token id of `ids` outside `[0, vocab_size)` (the lowest if negative, else the highest), or None.
+
+    Reads two numbers back to the host: a synchronisation on accelerators.
+    """
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0:
+        return low
+    return high if high >= vocab_size else None
+
+
 def causal_memory_mask(
     q_len: int, mem_len_now: int, *, same_length: bool, max_mem_len: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -1104,7 +1115,10 @@ class TxlModel(TxlPreTrainedModel):
     def set_input_embeddings(self, value: TxlAdaptiveEmbedding) -> None:
         self.word_embeddings = value
 
-    def _check_input_ids(self, input_ids: torch.Tensor) -> None:
+    def _check_input_ids(self, input_ids: torch.Tensor, synchronize: bool = False) -> None:
+        """Shape, dtype and range of token ids. The range is checked on the host on CPU, or anywhere with
+        `synchronize` (generate() checks its prompt once that way); otherwise, and inside torch.compile (where
+        `int(tensor)` would break the graph), by an assert that runs with the kernels, without a synchronisation."""
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(
                 f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__}; "
@@ -1117,12 +1131,9 @@ class TxlModel(TxlPreTrainedModel):
         if input_ids.numel() == 0:
             raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); pass at least one token.")
         vocab_size = self.config.vocab_size
-        # Checked on the host on CPU; elsewhere, and inside torch.compile (where `int(tensor)` would break the graph),
-        # an assert that runs with the kernels avoids a synchronisation.
-        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
-            low, high = int(input_ids.min()), int(input_ids.max())
-            if low < 0 or high >= vocab_size:
-                bad = low if low < 0 else high
+        if (synchronize or input_ids.device.type == "cpu") and not torch.compiler.is_compiling():
+            bad = token_id_outside(input_ids, vocab_size)
+            if bad is not None:
                 raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary [0, {vocab_size}).")
         else:
             torch._assert_async(
@@ -1609,14 +1620,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                 f"generate() got an empty prompt (input_ids of shape {tuple(prompt.shape)}): pass at least one token. "
                 "To continue from a memory, pass the last token not yet fed to it (TxlStream keeps it back for you)."
             )
-        self.transformer._check_input_ids(prompt)
-        if prompt.device.type != "cpu":  # one synchronisation per generate() call, not per step
-            low, high = int(prompt.min()), int(prompt.max())
-            if low < 0 or high >= self.config.vocab_size:
-                raise ValueError(
-                    f"input_ids contains token id {low if low < 0 else high}, outside the vocabulary "
-                    f"[0, {self.config.vocab_size})."
-                )
+        self.transformer._check_input_ids(prompt, synchronize=True)  # one synchronisation per call, not per step
 
     def _check_generation_settings(self, generation_config, kwargs: dict) -> None:
         for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
@@ -1774,4 +1778,5 @@ __all__ = [
     "relative_shift",
     "shifted_position_scores",
     "sinusoid_positions",
+    "token_id_outside",
 ]

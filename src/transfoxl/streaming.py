@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from .modeling_txl import TxlForCausalLM, TxlMemory
+from .modeling_txl import TxlForCausalLM, TxlMemory, token_id_outside
 
 
 class TxlStream:
@@ -161,10 +161,10 @@ class TxlStream:
         # Checked here, before anything is kept: a bad id found later, in a forward, would leave it pending for good.
         vocab_size = self.model.config.vocab_size
         if chunk.numel() > 0:
-            low, high = int(chunk.min()), int(chunk.max())
-            if low < 0 or high >= vocab_size:
+            bad = token_id_outside(chunk, vocab_size)
+            if bad is not None:
                 raise ValueError(
-                    f"TxlStream.feed: token id {low if low < 0 else high} is outside the vocabulary "
+                    f"TxlStream.feed: token id {bad} is outside the vocabulary "
                     f"[0, {vocab_size}); nothing of this chunk was fed."
                 )
         return chunk.to(self.device, torch.long)
