@@ -125,6 +125,86 @@ def test_txl_dropout_drops_at_rate_p_scales_the_rest_and_backpropagates_through_
     assert isinstance(dropout, torch.nn.Dropout) and dropout.state_dict() == {}
 
 
+def _softmax_losses_and_grads(model, hidden_states, targets, reduce, chunked: bool):
+    """Per-token losses and the gradients of `reduce(losses)` for the hidden states and every softmax parameter."""
+    softmax = model.adaptive_softmax
+    losses = softmax.nll(hidden_states, targets) if chunked else softmax._nll(hidden_states, targets)
+    parameters = [parameter for parameter in softmax.parameters() if parameter.requires_grad]
+    grads = torch.autograd.grad(reduce(losses), [hidden_states, *parameters], allow_unused=True, retain_graph=True)
+    return losses, grads, losses
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "weighted", "masked_mean"])
+def test_chunked_training_loss_equals_plain_autograd(variant, reduction):
+    """The CPU training loss (gradients computed chunk by chunk in the forward) gives autograd's losses and
+    gradients, for the mean/sum a trainer takes and for any other use of the per-token losses."""
+    model = tiny_lm(**VARIANTS[variant]).train()
+    model.adaptive_softmax.loss_chunk_elements = 5 * model.adaptive_softmax.shortlist_size  # 5 rows per chunk
+    torch.manual_seed(1)
+    hidden_states = torch.randn(23, model.config.d_model, requires_grad=True)
+    targets = covering_ids(model.config.vocab_size, 1, 23)[0]
+    targets[4] = -100
+    weights = torch.rand(23)
+    reduce = {
+        "mean": lambda losses: losses.sum() / (targets != -100).sum(),
+        "sum": lambda losses: losses.sum(),
+        "weighted": lambda losses: (losses * weights).sum(),
+        "masked_mean": lambda losses: losses[:10].mean(),
+    }[reduction]
+    expected_losses, expected_grads, _ = _softmax_losses_and_grads(model, hidden_states, targets, reduce, False)
+    losses, grads, graph = _softmax_losses_and_grads(model, hidden_states, targets, reduce, True)
+    assert graph.grad_fn.name() == "_ChunkedAdaptiveNLLBackward"
+    torch.testing.assert_close(losses, expected_losses, rtol=0, atol=1e-5)
+    assert losses[4] == 0
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        expected = torch.zeros_like(grad) if expected is None else expected
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+    # retain_graph: a second backward gives the same gradients (the kept ones are not scaled in place)
+    again = torch.autograd.grad(reduce(graph), [hidden_states], retain_graph=True)[0]
+    torch.testing.assert_close(again, grads[0], rtol=0, atol=0)
+
+
+def test_chunked_training_loss_with_frozen_parameters_and_where_it_applies():
+    model = tiny_lm().train()
+    softmax = model.adaptive_softmax
+    softmax.output_layers[0].weight.requires_grad_(False)  # frozen: no gradient asked for it
+    hidden_states = torch.randn(9, model.config.d_model, requires_grad=True)
+    targets = covering_ids(model.config.vocab_size, 1, 9)[0]
+    losses = softmax.nll(hidden_states, targets)
+    assert losses.grad_fn.name() == "_ChunkedAdaptiveNLLBackward"
+    losses.mean().backward()
+    assert softmax.output_layers[0].weight.grad is None and softmax.output_layers[1].weight.grad is not None
+    expected = torch.autograd.grad(softmax._nll(hidden_states, targets).mean(), hidden_states)[0]
+    torch.testing.assert_close(hidden_states.grad, expected, rtol=0, atol=1e-6)
+    # Elsewhere the plain path: no gradient wanted, or hidden states that need none.
+    with torch.no_grad():
+        assert softmax.nll(hidden_states, targets).grad_fn is None
+    assert softmax.nll(hidden_states.detach(), targets).grad_fn.name() != "_ChunkedAdaptiveNLLBackward"
+
+
+def test_training_memory_holds_exactly_its_positions_and_no_view_of_the_inputs():
+    """Between training steps each layer keeps a buffer of exactly mem_len positions (no room to append: with
+    gradients on it is never appended to), equal to the last mem_len inputs of the layer, and not sharing their
+    storage."""
+    model = tiny_lm(mem_len=5).train()
+    ids = covering_ids(model.config.vocab_size, 2, 12)
+    memory = None
+    for start in (0, 3, 6):  # segments of 3 and then 6 tokens
+        segment = ids[:, start : start + (3 if start < 6 else 6)]
+        output = model(segment, labels=segment, past_key_values=memory, output_hidden_states=True)
+        output.loss.backward()
+        memory = output.past_key_values
+        for layer, layer_input in zip(memory.layers, output.hidden_states):
+            kept = layer.hidden
+            expected_len = min(5, start + segment.shape[1])
+            assert kept.shape == (2, expected_len, model.config.d_model)
+            assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
+            if segment.shape[1] >= expected_len:
+                torch.testing.assert_close(kept, layer_input[:, -expected_len:].detach(), rtol=0, atol=0)
+            assert kept.untyped_storage().data_ptr() != layer_input.untyped_storage().data_ptr()
+
+
 @pytest.mark.parametrize("variant", ["adaptive_post_ln", "pre_ln_shared_r"])
 def test_sliced_query_projection_equals_the_module_call(variant):
     """With memory, a plain qkv Linear is applied by weight slices; a hooked one is called whole: same results."""

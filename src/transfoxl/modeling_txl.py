@@ -110,6 +110,22 @@ class SlidingWindow:
         self.start = max(self.start, self.end - self.max_len)
         return full
 
+    def extend(self, new: torch.Tensor) -> None:
+        """`append` without handing anything out. With gradients on, the kept entries go into a new buffer of
+        exactly their size (autograd may hold views of the old one), so that the memory carried from one training
+        step to the next holds nothing but itself."""
+        if not torch.is_grad_enabled():
+            self.append(new)
+            return
+        kept = self.value
+        take_new = min(new.shape[self.dim], self.max_len)
+        take_kept = 0 if kept is None else min(kept.shape[self.dim], self.max_len - take_new)
+        pieces = [new.narrow(self.dim, new.shape[self.dim] - take_new, take_new)]
+        if take_kept > 0:
+            pieces.insert(0, kept.narrow(self.dim, kept.shape[self.dim] - take_kept, take_kept))
+        self.buffer = torch.cat(pieces, dim=self.dim)  # a copy even of one piece: never a view of the caller's tensor
+        self.start, self.end = 0, take_kept + take_new
+
     def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the kept entries by `function(kept)` (a batch operation: reorder, repeat, select, move)."""
         kept = self.value
@@ -151,7 +167,7 @@ class TxlMemoryLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(hidden_states)
         if self.mem_len > 0:
-            self._hidden.append(hidden_states.detach() if hidden_states.requires_grad else hidden_states)
+            self._hidden.extend(hidden_states.detach() if hidden_states.requires_grad else hidden_states)
         return self.hidden
 
     def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -507,8 +523,9 @@ class _RelativeAttentionFunction(torch.autograd.Function):
 
     Batched as H B matrices, head-major, so that the positional product of each head ([B Q, D] x [D, K + 1]) is
     written in a layout whose shifted view is already `[H B, Q, K]`. Forward: one pass adds the mask to that view,
-    the content product accumulates into it (baddbmm), one softmax. Backward: the softmax gradient is copied once into
-    a padded buffer (the transpose of the shift) for the positional products.
+    the content product accumulates into it (baddbmm), one softmax. Backward: the gradient of the scores is computed
+    inside a padded buffer, the transpose of the shift, where the positional products read it: one `[H B, Q, K]`
+    temporary. q_p is not kept: it is rebuilt from q_c, whose bias differs by v - u.
     """
 
     @staticmethod
@@ -520,6 +537,7 @@ class _RelativeAttentionFunction(torch.autograd.Function):
         value: torch.Tensor,  # [H B, K, D]
         padded_rel_key: torch.Tensor,  # [H, K + 1, D], a zero row and then W_{k,R} R
         additive_mask: torch.Tensor | None,  # [Q, K] or [B, Q, K]: 0 or a large negative number
+        bias_shift: torch.Tensor,  # [H, D], v - u (no gradient: for rebuilding q_p in backward)
         scaling: float,
     ) -> torch.Tensor:
         batch_heads, q_len, _ = content_query.shape
@@ -536,33 +554,33 @@ class _RelativeAttentionFunction(torch.autograd.Function):
         scores = scores.view(batch_heads, q_len, k_len).baddbmm_(content_query, key.transpose(1, 2), alpha=scaling)
         probs = torch.softmax(scores, dim=-1)  # [H B, Q, K]
         del scores
-        ctx.save_for_backward(content_query, position_query, key, value, padded_rel_key, probs)
+        ctx.save_for_backward(content_query, key, value, padded_rel_key, bias_shift, probs)
         ctx.scaling = scaling
         return torch.bmm(probs, value)  # [H B, Q, D]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        content_query, position_query, key, value, padded_rel_key, probs = ctx.saved_tensors
+        content_query, key, value, padded_rel_key, bias_shift, probs = ctx.saved_tensors
         batch_heads, q_len, k_len = probs.shape
-        heads = padded_rel_key.shape[0]
+        heads, head_dim = padded_rel_key.shape[0], key.shape[2]
         batch = batch_heads // heads
         grad_output = grad_output.contiguous()
         grad_value = torch.bmm(probs.transpose(1, 2), grad_output)  # [H B, K, D]
-        grad_probs = torch.bmm(grad_output, value.transpose(1, 2))  # [H B, Q, K]
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
-        del grad_probs
-        grad_content_query = torch.bmm(grad_scores, key).mul_(ctx.scaling)
-        grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(ctx.scaling)
-        # The positional scores were a shifted view of a padded buffer: their gradient goes back into that layout.
+        # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
         grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
         grad_padded[:, :, :q_len].zero_()
-        grad_padded[:, :, q_len:].copy_(grad_scores.view(heads, batch, q_len * k_len))
-        del grad_scores
+        grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
+        grad_scores.baddbmm_(grad_output, value.transpose(1, 2), beta=0.0)  # d loss / d probs
+        row_dot = torch.linalg.vecdot(grad_scores, probs)  # [H B, Q]: the softmax backward, in place
+        grad_scores.sub_(row_dot[..., None]).mul_(probs)
+        grad_content_query = torch.bmm(grad_scores, key).mul_(ctx.scaling)
+        grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(ctx.scaling)
+        position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(ctx.scaling)
         grad_padded = grad_padded.view(heads, batch * q_len, k_len + 1)
         grad_position_query = torch.bmm(grad_padded, padded_rel_key)  # [H, B Q, D]
         grad_padded_rel_key = torch.bmm(grad_padded.transpose(1, 2), position_query)  # [H, K + 1, D]
-        return grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key, None, None
+        return grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key, None, None, None
 
 
 def cpu_training_relative_attention(
@@ -590,8 +608,9 @@ def cpu_training_relative_attention(
         mask = mask if mask.dim() == 2 else mask[:, 0]
         additive_mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
         additive_mask.masked_fill_(mask, torch.finfo(query.dtype).min)
+    bias_shift = (position_bias - content_bias).detach()
     output = _RelativeAttentionFunction.apply(
-        content_query, position_query, key, value, padded_rel_key, additive_mask, scaling
+        content_query, position_query, key, value, padded_rel_key, additive_mask, bias_shift, scaling
     )
     return output.view(heads, batch, q_len, head_dim).transpose(0, 1)  # [B, H, Q, D]
 
@@ -969,11 +988,31 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             pieces.append(head_logprobs[:, self.shortlist_size + cluster - 1, None] + tail_logprobs)
         return torch.cat(pieces, dim=-1)  # [N, V]
 
+    # Training on a CPU computes the loss a chunk of rows at a time (`_ChunkedAdaptiveNLL`): about this many head
+    # logits per chunk (1 MB in float32).
+    loss_chunk_elements = 2**18
+
     def nll(self, hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Negative log-likelihood of `targets` `[N]` under `[N, E]` hidden states: `[N]`, 0 where ignored.
 
-        Only the clusters that hold a target are computed, and only on the rows whose target they hold.
+        Only the clusters that hold a target are computed, and only on the rows whose target they hold. When a
+        gradient will flow back to CPU hidden states, through `_ChunkedAdaptiveNLL` (same values and gradients, less
+        memory).
         """
+        if (
+            torch.is_grad_enabled()
+            and hidden_states.requires_grad
+            and hidden_states.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+        ):
+            head_width = self.shortlist_size + self.n_clusters - 1
+            chunk_rows = max(1, self.loss_chunk_elements // head_width)
+            parameters = [parameter for parameter in self.parameters() if parameter.requires_grad]
+            return _ChunkedAdaptiveNLL.apply(self, targets, ignore_index, chunk_rows, hidden_states, *parameters)
+        return self._nll(hidden_states, targets, ignore_index)
+
+    def _nll(self, hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """`nll` by plain autograd (the readable path)."""
         head_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, 0))  # [N, shortlist + tails]
         in_head = (targets >= 0) & (targets < self.shortlist_size)
         safe_targets = torch.where(in_head, targets, 0)
@@ -996,6 +1035,79 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             target_logprobs = tail_logprobs.gather(1, (targets[rows] - low)[:, None]).squeeze(1)
             nll = nll.index_put((rows,), -(head_logprobs[rows, self.shortlist_size + cluster - 1] + target_logprobs))
         return torch.where(targets == ignore_index, 0.0, nll)
+
+
+class _ChunkedAdaptiveNLL(torch.autograd.Function):
+    """`TxlAdaptiveLogSoftmax._nll` with its gradients computed in the forward, one chunk of rows at a time.
+
+    Plain autograd keeps each cluster's log-probabilities `[N, n_i]` for backward (after the attention
+    probabilities, the largest saved tensors) and allocates as much again when backward starts. Here each chunk of
+    rows goes forward and backward at once, so only the gradients of `nll.sum()` are kept: `[N, E]` for the hidden
+    states and one per parameter of the softmax. Backward scales them by the incoming gradient when it is the same
+    for every row (what a mean or a sum of the losses gives); any other incoming gradient (weighted losses) runs the
+    chunks again with it. Either way the result is autograd's.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        module: TxlAdaptiveLogSoftmax,
+        targets: torch.Tensor,  # [N]
+        ignore_index: int,
+        chunk_rows: int,
+        hidden_states: torch.Tensor,  # [N, E]
+        *parameters: torch.Tensor,  # the softmax's parameters that need a gradient
+    ) -> torch.Tensor:
+        nll, grads = _chunked_nll_and_grads(module, hidden_states, targets, ignore_index, chunk_rows, parameters)
+        ctx.module, ctx.ignore_index, ctx.chunk_rows = module, ignore_index, chunk_rows
+        ctx.num_parameters = len(parameters)
+        ctx.save_for_backward(hidden_states, targets, *parameters, *grads)
+        return nll  # [N]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden_states, targets, *rest = ctx.saved_tensors
+        parameters, grads = rest[: ctx.num_parameters], rest[ctx.num_parameters :]
+        if torch.equal(grad_nll, grad_nll[:1].expand_as(grad_nll)):  # the usual case: one scale for every row
+            grads = [grad * grad_nll[0] for grad in grads]  # not in place: backward may run again (retain_graph)
+        else:
+            _, grads = _chunked_nll_and_grads(
+                ctx.module, hidden_states, targets, ctx.ignore_index, ctx.chunk_rows, parameters, grad_nll
+            )
+        return None, None, None, None, *grads
+
+
+def _chunked_nll_and_grads(
+    module: TxlAdaptiveLogSoftmax,
+    hidden_states: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int,
+    chunk_rows: int,
+    parameters: Sequence[torch.Tensor],
+    grad_nll: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`module._nll` `[N]` (detached) and the gradients of `(nll * grad_nll).sum()` (`nll.sum()` when None) for the
+    hidden states `[N, E]` and each of `parameters`, computed `chunk_rows` rows at a time."""
+    nll = grad_hidden = None
+    grads: list[torch.Tensor | None] = [None] * len(parameters)
+    for start in range(0, hidden_states.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        chunk = hidden_states[rows].detach().requires_grad_()
+        with torch.enable_grad():
+            chunk_nll = module._nll(chunk, targets[rows], ignore_index)
+        weights = torch.ones_like(chunk_nll) if grad_nll is None else grad_nll[rows]
+        chunk_grads = torch.autograd.grad(chunk_nll, [chunk, *parameters], weights, allow_unused=True)
+        if nll is None:
+            nll = chunk_nll.new_empty(hidden_states.shape[0])
+            grad_hidden = torch.empty_like(hidden_states)
+        nll[rows] = chunk_nll.detach()
+        grad_hidden[rows] = chunk_grads[0]
+        for index, grad in enumerate(chunk_grads[1:]):
+            if grad is not None:
+                grads[index] = grad if grads[index] is None else grads[index].add_(grad)
+    grads = [torch.zeros_like(parameter) if grad is None else grad for parameter, grad in zip(parameters, grads)]
+    return nll, [grad_hidden, *grads]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
