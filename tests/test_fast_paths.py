@@ -165,6 +165,28 @@ def test_chunked_training_loss_equals_plain_autograd(variant, reduction):
     torch.testing.assert_close(again, grads[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_chunked_training_loss_gives_the_whole_model_autograds_gradients(variant, monkeypatch):
+    """Through the whole model (tied embeddings and projections included), with a memory: every parameter's
+    gradient equals the one plain autograd gives."""
+    ids = covering_ids(97, 2, 12)
+    results = []
+    for chunked in (True, False):
+        model = tiny_lm(**VARIANTS[variant]).train()
+        model.adaptive_softmax.loss_chunk_elements = 7 * model.adaptive_softmax.shortlist_size
+        if not chunked:
+            monkeypatch.setattr(model.adaptive_softmax, "nll", model.adaptive_softmax._nll)
+        memory = model(ids[:, :6], labels=ids[:, :6]).past_key_values
+        output = model(ids[:, 6:], labels=ids[:, 6:], past_key_values=memory)
+        output.loss.backward()
+        results.append((output.loss, {name: parameter.grad for name, parameter in model.named_parameters()}))
+    (loss, grads), (expected_loss, expected_grads) = results
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-5, msg=name)
+
+
 def test_chunked_training_loss_with_frozen_parameters_and_where_it_applies():
     model = tiny_lm().train()
     softmax = model.adaptive_softmax

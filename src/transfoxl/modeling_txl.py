@@ -963,8 +963,9 @@ class TxlAdaptiveLogSoftmax(nn.Module):
                 self.output_projections.append(nn.Parameter(torch.empty(config.d_model, width)))
                 self.output_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
 
-    def _cluster_logits(self, hidden_states: torch.Tensor, cluster: int) -> torch.Tensor:
-        """Logits `[N, n_i]` of cluster `cluster` (for cluster 0, the head: shortlist plus one per tail cluster)."""
+    def _cluster_parameters(self, cluster: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Weight `[n_i, d_i]`, bias `[n_i]` and projection `[E, d_i]` (or None) of cluster `cluster`; the head's
+        weight and bias end with one row per tail cluster."""
         if self.div_val == 1:
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
             weight, bias = self.output_layers[0].weight[low:high], self.output_layers[0].bias[low:high]
@@ -973,8 +974,40 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         if cluster == 0 and self.n_clusters > 1:
             weight = torch.cat([weight, self.cluster_weight], dim=0)
             bias = torch.cat([bias, self.cluster_bias], dim=0)
-        if len(self.output_projections) > 0:
-            hidden_states = hidden_states @ self.output_projections[cluster]  # [N, d_i]
+        projection = self.output_projections[cluster] if len(self.output_projections) > 0 else None
+        return weight, bias, projection
+
+    def _parameter_grads(
+        self, cluster_grads: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    ) -> dict[torch.Tensor, torch.Tensor]:
+        """Gradients for each cluster's weight, bias and projection (as `_cluster_parameters` gives them) ->
+        gradients of the parameters they come from (a shared parameter gets the sum)."""
+        grads: dict[torch.Tensor, torch.Tensor] = {}
+
+        def add(parameter: torch.Tensor, grad: torch.Tensor, rows: slice | None = None) -> None:
+            if rows is not None:  # a slice of the parameter
+                grad = torch.zeros_like(parameter).index_put_((torch.arange(rows.start, rows.stop),), grad)
+            grads[parameter] = grad if parameter not in grads else grads[parameter] + grad
+
+        for cluster, (grad_weight, grad_bias, grad_projection) in enumerate(cluster_grads):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            width = high - low
+            layer = self.output_layers[0] if self.div_val == 1 else self.output_layers[cluster]
+            rows = slice(low, high) if self.div_val == 1 and width != layer.weight.shape[0] else None
+            add(layer.weight, grad_weight[:width], rows)
+            add(layer.bias, grad_bias[:width], rows)
+            if cluster == 0 and self.n_clusters > 1:
+                add(self.cluster_weight, grad_weight[width:])
+                add(self.cluster_bias, grad_bias[width:])
+            if grad_projection is not None:
+                add(self.output_projections[cluster], grad_projection)
+        return grads
+
+    def _cluster_logits(self, hidden_states: torch.Tensor, cluster: int) -> torch.Tensor:
+        """Logits `[N, n_i]` of cluster `cluster` (for cluster 0, the head: shortlist plus one per tail cluster)."""
+        weight, bias, projection = self._cluster_parameters(cluster)
+        if projection is not None:
+            hidden_states = hidden_states @ projection  # [N, d_i]
         return F.linear(hidden_states, weight, bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -989,20 +1022,22 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         return torch.cat(pieces, dim=-1)  # [N, V]
 
     # Training on a CPU computes the loss a chunk of rows at a time (`_ChunkedAdaptiveNLL`): about this many head
-    # logits per chunk (1 MB in float32).
-    loss_chunk_elements = 2**18
+    # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower (measured).
+    loss_chunk_elements = 2**20
 
     def nll(self, hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Negative log-likelihood of `targets` `[N]` under `[N, E]` hidden states: `[N]`, 0 where ignored.
 
         Only the clusters that hold a target are computed, and only on the rows whose target they hold. When a
-        gradient will flow back to CPU hidden states, through `_ChunkedAdaptiveNLL` (same values and gradients, less
-        memory).
+        gradient will flow back to float32 CPU hidden states (no autocast), through `_ChunkedAdaptiveNLL`: the same
+        values and gradients, faster and in less memory.
         """
         if (
             torch.is_grad_enabled()
             and hidden_states.requires_grad
             and hidden_states.device.type == "cpu"
+            and hidden_states.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")
             and not torch.compiler.is_compiling()
         ):
             head_width = self.shortlist_size + self.n_clusters - 1
@@ -1038,14 +1073,15 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 
 
 class _ChunkedAdaptiveNLL(torch.autograd.Function):
-    """`TxlAdaptiveLogSoftmax._nll` with its gradients computed in the forward, one chunk of rows at a time.
+    """`TxlAdaptiveLogSoftmax._nll` with its gradients computed in the forward, by hand, one chunk of rows at a time.
 
-    Plain autograd keeps each cluster's log-probabilities `[N, n_i]` for backward (after the attention
-    probabilities, the largest saved tensors) and allocates as much again when backward starts. Here each chunk of
-    rows goes forward and backward at once, so only the gradients of `nll.sum()` are kept: `[N, E]` for the hidden
-    states and one per parameter of the softmax. Backward scales them by the incoming gradient when it is the same
-    for every row (what a mean or a sum of the losses gives); any other incoming gradient (weighted losses) runs the
-    chunks again with it. Either way the result is autograd's.
+    Each cluster of the adaptive softmax is a cross-entropy (the head's target for a tail token is its cluster's
+    logit), whose gradient with respect to its logits is softmax - one-hot: computed in place in the logits' buffer,
+    chunk by chunk, it needs no `[N, n_i]` tensor kept for backward (autograd keeps each cluster's log-probabilities
+    and allocates as much again when backward starts). What is kept are the gradients of `nll.sum()`: `[N, E]` for
+    the hidden states and one per parameter of the softmax. Backward scales them by the incoming gradient when it is
+    the same for every row (what a mean or a sum of the losses gives); any other incoming gradient (weighted losses)
+    runs the chunks again with it as row weights. Equal to autograd on `_nll` within float32 rounding (tests).
     """
 
     @staticmethod
@@ -1058,7 +1094,7 @@ class _ChunkedAdaptiveNLL(torch.autograd.Function):
         hidden_states: torch.Tensor,  # [N, E]
         *parameters: torch.Tensor,  # the softmax's parameters that need a gradient
     ) -> torch.Tensor:
-        nll, grads = _chunked_nll_and_grads(module, hidden_states, targets, ignore_index, chunk_rows, parameters)
+        nll, grads = _adaptive_nll_and_grads(module, hidden_states, targets, ignore_index, chunk_rows, parameters)
         ctx.module, ctx.ignore_index, ctx.chunk_rows = module, ignore_index, chunk_rows
         ctx.num_parameters = len(parameters)
         ctx.save_for_backward(hidden_states, targets, *parameters, *grads)
@@ -1072,13 +1108,13 @@ class _ChunkedAdaptiveNLL(torch.autograd.Function):
         if torch.equal(grad_nll, grad_nll[:1].expand_as(grad_nll)):  # the usual case: one scale for every row
             grads = [grad * grad_nll[0] for grad in grads]  # not in place: backward may run again (retain_graph)
         else:
-            _, grads = _chunked_nll_and_grads(
+            _, grads = _adaptive_nll_and_grads(
                 ctx.module, hidden_states, targets, ctx.ignore_index, ctx.chunk_rows, parameters, grad_nll
             )
         return None, None, None, None, *grads
 
 
-def _chunked_nll_and_grads(
+def _adaptive_nll_and_grads(
     module: TxlAdaptiveLogSoftmax,
     hidden_states: torch.Tensor,
     targets: torch.Tensor,
@@ -1087,27 +1123,75 @@ def _chunked_nll_and_grads(
     parameters: Sequence[torch.Tensor],
     grad_nll: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """`module._nll` `[N]` (detached) and the gradients of `(nll * grad_nll).sum()` (`nll.sum()` when None) for the
-    hidden states `[N, E]` and each of `parameters`, computed `chunk_rows` rows at a time."""
-    nll = grad_hidden = None
-    grads: list[torch.Tensor | None] = [None] * len(parameters)
-    for start in range(0, hidden_states.shape[0], chunk_rows):
+    """`module._nll` `[N]` and the gradients of `(nll * grad_nll).sum()` (`nll.sum()` when None) for the hidden
+    states `[N, E]` and each of `parameters`, computed `chunk_rows` rows at a time."""
+    num_rows = hidden_states.shape[0]
+    cluster_parameters = [module._cluster_parameters(cluster) for cluster in range(module.n_clusters)]
+    cluster_grads = [
+        [torch.zeros_like(weight), torch.zeros_like(bias), None if projection is None else torch.zeros_like(projection)]
+        for weight, bias, projection in cluster_parameters
+    ]
+    nll = torch.zeros(num_rows, dtype=torch.float32, device=hidden_states.device)
+    grad_hidden = torch.zeros_like(hidden_states)
+    valid = targets != ignore_index
+    row_weights = valid.to(hidden_states.dtype) if grad_nll is None else torch.where(valid, grad_nll, 0.0)
+    # The head's target: the token itself, or the logit of its tail cluster.
+    head_targets = torch.where(valid & (targets < module.shortlist_size), targets, 0)
+    for cluster in range(1, module.n_clusters):
+        in_cluster = (targets >= module.bounds[cluster]) & (targets < module.bounds[cluster + 1])
+        head_targets = torch.where(in_cluster, module.shortlist_size + cluster - 1, head_targets)
+
+    for start in range(0, num_rows, chunk_rows):
         rows = slice(start, start + chunk_rows)
-        chunk = hidden_states[rows].detach().requires_grad_()
-        with torch.enable_grad():
-            chunk_nll = module._nll(chunk, targets[rows], ignore_index)
-        weights = torch.ones_like(chunk_nll) if grad_nll is None else grad_nll[rows]
-        chunk_grads = torch.autograd.grad(chunk_nll, [chunk, *parameters], weights, allow_unused=True)
-        if nll is None:
-            nll = chunk_nll.new_empty(hidden_states.shape[0])
-            grad_hidden = torch.empty_like(hidden_states)
-        nll[rows] = chunk_nll.detach()
-        grad_hidden[rows] = chunk_grads[0]
-        for index, grad in enumerate(chunk_grads[1:]):
-            if grad is not None:
-                grads[index] = grad if grads[index] is None else grads[index].add_(grad)
-    grads = [torch.zeros_like(parameter) if grad is None else grad for parameter, grad in zip(parameters, grads)]
-    return nll, [grad_hidden, *grads]
+        nll[rows], grad_hidden[rows] = _cross_entropy_and_grads(
+            hidden_states[rows], head_targets[rows], row_weights[rows], cluster_parameters[0], cluster_grads[0]
+        )
+        for cluster in range(1, module.n_clusters):
+            low, high = module.bounds[cluster], module.bounds[cluster + 1]
+            chunk_targets = targets[rows]
+            cluster_rows = ((chunk_targets >= low) & (chunk_targets < high)).nonzero().squeeze(1) + start
+            if cluster_rows.numel() == 0:
+                continue
+            cluster_nll, cluster_grad = _cross_entropy_and_grads(
+                hidden_states[cluster_rows],
+                targets[cluster_rows] - low,
+                row_weights[cluster_rows],
+                cluster_parameters[cluster],
+                cluster_grads[cluster],
+            )
+            nll.index_add_(0, cluster_rows, cluster_nll)
+            grad_hidden.index_add_(0, cluster_rows, cluster_grad)
+    nll.masked_fill_(~valid, 0.0)
+    grads = module._parameter_grads(cluster_grads)
+    return nll, [grad_hidden, *(grads.get(parameter, torch.zeros_like(parameter)) for parameter in parameters)]
+
+
+def _cross_entropy_and_grads(
+    hidden_states: torch.Tensor,  # [n, E]
+    targets: torch.Tensor,  # [n], indices into the cluster
+    row_weights: torch.Tensor,  # [n]
+    cluster_parameters: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    cluster_grads: list,  # [weight, bias, projection] gradients of the cluster, added to in place
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy `[n]` of one cluster and the gradient of `sum(row_weights * cross-entropy)` for the hidden
+    states `[n, E]`; the cluster's parameter gradients are added to `cluster_grads`."""
+    weight, bias, projection = cluster_parameters
+    inputs = hidden_states if projection is None else hidden_states @ projection  # [n, d_i]
+    logits = F.linear(inputs, weight, bias)  # [n, n_i]
+    target_logits = logits.gather(1, targets[:, None]).squeeze(1)
+    row_max = logits.amax(dim=1)
+    exp_logits = logits.sub_(row_max[:, None]).exp_()  # in the logits' buffer, as everything below
+    row_sum = exp_logits.sum(dim=1)
+    cross_entropy = row_max + row_sum.log() - target_logits
+    grad_logits = exp_logits.mul_((row_weights / row_sum)[:, None])  # softmax, times the row weight
+    grad_logits.scatter_add_(1, targets[:, None], -row_weights[:, None])  # - one-hot, times the row weight
+    cluster_grads[0].addmm_(grad_logits.T, inputs)  # [n_i, d_i]
+    cluster_grads[1].add_(grad_logits.sum(0))
+    grad_inputs = grad_logits @ weight  # [n, d_i]
+    if projection is None:
+        return cross_entropy, grad_inputs
+    cluster_grads[2].addmm_(hidden_states.T, grad_inputs)  # [E, d_i]
+    return cross_entropy, grad_inputs @ projection.T
 
 
 # ---------------------------------------------------------------------------------------------------------------------
