@@ -985,8 +985,10 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         grads: dict[torch.Tensor, torch.Tensor] = {}
 
         def add(parameter: torch.Tensor, grad: torch.Tensor, rows: slice | None = None) -> None:
-            if rows is not None:  # a slice of the parameter
-                grad = torch.zeros_like(parameter).index_put_((torch.arange(rows.start, rows.stop),), grad)
+            if rows is not None:  # the gradient of a slice of the parameter
+                full = torch.zeros_like(parameter)
+                full[rows] = grad
+                grad = full
             grads[parameter] = grad if parameter not in grads else grads[parameter] + grad
 
         for cluster, (grad_weight, grad_bias, grad_projection) in enumerate(cluster_grads):
@@ -1127,9 +1129,9 @@ def _adaptive_nll_and_grads(
     states `[N, E]` and each of `parameters`, computed `chunk_rows` rows at a time."""
     num_rows = hidden_states.shape[0]
     cluster_parameters = [module._cluster_parameters(cluster) for cluster in range(module.n_clusters)]
-    cluster_grads = [
-        [torch.zeros_like(weight), torch.zeros_like(bias), None if projection is None else torch.zeros_like(projection)]
-        for weight, bias, projection in cluster_parameters
+    cluster_grads = [  # [weight, bias, projection] of each cluster, summed over the chunks
+        [torch.zeros_like(tensor) if tensor is not None else None for tensor in parameters_of_cluster]
+        for parameters_of_cluster in cluster_parameters
     ]
     nll = torch.zeros(num_rows, dtype=torch.float32, device=hidden_states.device)
     grad_hidden = torch.zeros_like(hidden_states)
