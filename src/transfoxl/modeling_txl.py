@@ -504,18 +504,22 @@ def sdpa_relative_attention(
     return attn_output, None
 
 
-def _use_cpu_training_kernel(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rel_key: torch.Tensor, dropout: float
-) -> bool:
-    """Whether `sdpa_relative_attention` takes the CPU training path (see there)."""
-    tensors = (query, key, value, rel_key)
+def _float32_cpu_training(*tensors: torch.Tensor) -> bool:
+    """Whether a gradient will flow back to `tensors`, all float32 on the CPU, without autocast: where the
+    hand-written CPU training paths (attention kernel, loss) apply."""
     return (
-        dropout == 0.0
-        and torch.is_grad_enabled()
+        torch.is_grad_enabled()
         and any(tensor.requires_grad for tensor in tensors)
         and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
     )
+
+
+def _use_cpu_training_kernel(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rel_key: torch.Tensor, dropout: float
+) -> bool:
+    """Whether `sdpa_relative_attention` takes the CPU training path (see there)."""
+    return dropout == 0.0 and _float32_cpu_training(query, key, value, rel_key)
 
 
 class _RelativeAttentionFunction(torch.autograd.Function):
@@ -984,18 +988,16 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         gradients of the parameters they come from (a shared parameter gets the sum)."""
         grads: dict[torch.Tensor, torch.Tensor] = {}
 
-        def add(parameter: torch.Tensor, grad: torch.Tensor, rows: slice | None = None) -> None:
-            if rows is not None:  # the gradient of a slice of the parameter
-                full = torch.zeros_like(parameter)
-                full[rows] = grad
-                grad = full
-            grads[parameter] = grad if parameter not in grads else grads[parameter] + grad
+        def add(parameter: torch.Tensor, grad: torch.Tensor, rows: slice = slice(None)) -> None:
+            if parameter not in grads:
+                grads[parameter] = torch.zeros_like(parameter)
+            grads[parameter][rows] += grad
 
         for cluster, (grad_weight, grad_bias, grad_projection) in enumerate(cluster_grads):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
             width = high - low
             layer = self.output_layers[0] if self.div_val == 1 else self.output_layers[cluster]
-            rows = slice(low, high) if self.div_val == 1 and width != layer.weight.shape[0] else None
+            rows = slice(low, high) if self.div_val == 1 else slice(None)  # div_val 1: one layer, sliced
             add(layer.weight, grad_weight[:width], rows)
             add(layer.bias, grad_bias[:width], rows)
             if cluster == 0 and self.n_clusters > 1:
@@ -1034,14 +1036,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         gradient will flow back to float32 CPU hidden states (no autocast), through `_ChunkedAdaptiveNLL`: the same
         values and gradients, faster and in less memory.
         """
-        if (
-            torch.is_grad_enabled()
-            and hidden_states.requires_grad
-            and hidden_states.device.type == "cpu"
-            and hidden_states.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
-        ):
+        if _float32_cpu_training(hidden_states) and not torch.compiler.is_compiling():
             head_width = self.shortlist_size + self.n_clusters - 1
             chunk_rows = max(1, self.loss_chunk_elements // head_width)
             parameters = [parameter for parameter in self.parameters() if parameter.requires_grad]
@@ -1148,9 +1143,9 @@ def _adaptive_nll_and_grads(
         nll[rows], grad_hidden[rows] = _cross_entropy_and_grads(
             hidden_states[rows], head_targets[rows], row_weights[rows], cluster_parameters[0], cluster_grads[0]
         )
+        chunk_targets = targets[rows]
         for cluster in range(1, module.n_clusters):
             low, high = module.bounds[cluster], module.bounds[cluster + 1]
-            chunk_targets = targets[rows]
             cluster_rows = ((chunk_targets >= low) & (chunk_targets < high)).nonzero().squeeze(1) + start
             if cluster_rows.numel() == 0:
                 continue
