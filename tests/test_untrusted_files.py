@@ -22,11 +22,18 @@ import pytest
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from tests.utils import load_script, tiny_lm
 from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlModel
-from transfoxl.checkpoints import CheckpointError
+from transfoxl.checkpoints import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CorruptSafetensorsError,
+    MissingShardError,
+    RefusedPickleError,
+    ShardIndexError,
+)
 from transfoxl.tokenization import LegacyVocabError, TransfoXLTokenizerFast, tokenizer_from_legacy_vocab
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
@@ -147,8 +154,9 @@ SAFETENSORS_CASES = [
             id=case,
             marks=reliability(
                 f"model.safetensors {what}",
-                "OSError (CheckpointError) naming the file as truncated or corrupt, saying "
-                "what is wrong, suggesting a new download; safetensors' error kept as the cause",
+                "CorruptSafetensorsError (an OSError and, as in transformers, a SafetensorError) naming the file "
+                "as truncated or corrupt, saying what is wrong, suggesting a new download; safetensors' error kept as "
+                "the cause",
             ),
         )
         for case, detail, what in SAFETENSORS_CASES
@@ -159,7 +167,7 @@ def test_broken_safetensors_is_named(model_dir: Path, record_property, case: str
     path.write_bytes(_cut(path.read_bytes(), case))
     error = refused(
         record_property,
-        CheckpointError,
+        CorruptSafetensorsError,
         rf"{named(path)}: truncated or corrupt safetensors file: .*{detail}.*Download it again",
         lambda: TxlForCausalLM.from_pretrained(model_dir),
     )
@@ -192,7 +200,7 @@ def test_truncated_shard_is_named(sharded: Path, record_property) -> None:
     shard.write_bytes(shard.read_bytes()[:1000])
     refused(
         record_property,
-        CheckpointError,
+        CorruptSafetensorsError,
         rf"{named(shard)}: truncated or corrupt safetensors file",
         lambda: TxlForCausalLM.from_pretrained(sharded),
     )
@@ -204,7 +212,7 @@ def test_missing_shard_is_named(sharded: Path, record_property) -> None:
     shard.unlink()
     refused(
         record_property,
-        CheckpointError,
+        MissingShardError,
         rf"{named(sharded / 'model.safetensors.index.json')}: names shard files that are not in .*{shard.name}",
         lambda: TxlForCausalLM.from_pretrained(sharded),
     )
@@ -216,7 +224,7 @@ def test_corrupt_shard_index_is_named(sharded: Path, record_property) -> None:
     index.write_text(index.read_text()[:40])
     refused(
         record_property,
-        CheckpointError,
+        ShardIndexError,
         rf"{named(index)}: not a readable shard index \(JSONDecodeError",
         lambda: TxlForCausalLM.from_pretrained(sharded),
     )
@@ -285,7 +293,8 @@ SHAPE_CASES = {
             id=case,
             marks=reliability(
                 f"config.json edited to another {case} than the weights'",
-                "OSError (CheckpointError) naming each mismatched parameter with both shapes; nothing reinitialised",
+                "CheckpointMismatchError (an OSError and, as in transformers, a RuntimeError) naming each "
+                "mismatched parameter with both shapes; nothing reinitialised",
             ),
         )
         for case in SHAPE_CASES
@@ -296,7 +305,7 @@ def test_shapes_that_do_not_fit_the_config_are_named(model_dir: Path, record_pro
     edit_config(model_dir, **edit)
     refused(
         record_property,
-        CheckpointError,
+        CheckpointMismatchError,
         rf"{named(model_dir)}: weights whose shapes do not fit the model \(\d+\): .*{detail}.*config\.json does not "
         "describe these weights",
         lambda: TxlForCausalLM.from_pretrained(model_dir),
@@ -357,7 +366,9 @@ def _drop_tensors(folder: Path, *names: str) -> None:
             case,
             id=case,
             marks=reliability(
-                what, "OSError (CheckpointError) naming the missing weights (transformers: warning, random weights)"
+                what,
+                "CheckpointMismatchError (OSError, RuntimeError) naming the missing weights (transformers: warning, "
+                "random weights)",
             ),
         )
         for case, (_, what, _) in MISSING_CASES.items()
@@ -368,7 +379,7 @@ def test_missing_weights_are_refused_not_randomised(model_dir: Path, record_prop
     breaks(model_dir)
     refused(
         record_property,
-        CheckpointError,
+        CheckpointMismatchError,
         rf"{named(model_dir)}: the checkpoint {detail}",
         lambda: TxlForCausalLM.from_pretrained(model_dir),
     )
@@ -382,7 +393,7 @@ def test_weights_beyond_the_config_are_refused(model_dir: Path, record_property)
     edit_config(model_dir, n_layer=1)
     refused(
         record_property,
-        CheckpointError,
+        CheckpointMismatchError,
         rf"{named(model_dir)}: the checkpoint holds weights that have no place in the model \(\d+\): "
         r"transformer\.layers\.1\.",
         lambda: TxlForCausalLM.from_pretrained(model_dir),
@@ -397,7 +408,7 @@ def test_lm_from_a_headless_checkpoint_is_refused(saved: Path, tmp_path: Path, r
     TxlModel.from_pretrained(saved).save_pretrained(tmp_path / "base")
     refused(
         record_property,
-        CheckpointError,
+        CheckpointMismatchError,
         r"lacks weights the model needs \(\d+\).*adaptive_softmax\.cluster_bias.*a TxlModel checkpoint has no "
         "language-modelling head",
         lambda: TxlForCausalLM.from_pretrained(tmp_path / "base"),
@@ -553,7 +564,7 @@ OFFLINE_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import transfoxl
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
     from transfoxl import TransfoXLTokenizerFast, TxlForCausalLM
 
     calls = {
@@ -693,7 +704,8 @@ BIN_CASES = {
             id=kind,
             marks=reliability(
                 f"malicious pytorch_model.bin: {what}",
-                "OSError naming the file as refused (nothing run: torch.load(weights_only=True)); no sentinel",
+                "RefusedPickleError (an OSError and, as in transformers, a pickle.UnpicklingError) naming the file "
+                "as refused (nothing run: torch.load(weights_only=True)); no sentinel",
             ),
         )
         for kind, (what, _) in BIN_CASES.items()
@@ -705,7 +717,7 @@ def test_malicious_weights_are_refused_and_never_run(
     path = write_bin(tmp_path / "v4", kind, sentinel)
     refused(
         record_property,
-        CheckpointError,
+        RefusedPickleError,
         rf"{named(path)}: refused: .*{BIN_CASES[kind][1]}.*[Nn]othing in it was run",
         lambda: loader.from_pretrained(tmp_path / "v4"),
     )
@@ -1060,3 +1072,131 @@ def test_missing_tokenizer_files(tmp_path: Path, record_property, case: str) -> 
     refused(
         record_property, OSError, rf"{named(folder)}: {detail}", lambda: TransfoXLTokenizerFast.from_pretrained(folder)
     )
+
+
+# ------------------------------------------------------------------------------------------------ 6. exception types
+
+# A tiny GPT-2 of transformers' own, broken the same way as a TxlForCausalLM folder, shows what transformers raises.
+# The error here must be an instance of that type (so that an `except` written for transformers catches it) and still
+# a CheckpointError (an OSError).
+
+MODELS = {"gpt2": GPT2LMHeadModel, "txl": TxlForCausalLM}
+
+
+@pytest.fixture(scope="module")
+def gpt2_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gpt2") / "model"
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=32)).save_pretrained(folder)
+    return folder
+
+
+def _second_shard(folder: Path) -> Path:
+    return sorted(folder.glob("model-*.safetensors"))[1]
+
+
+def _bin_instead(folder: Path, *, malicious: bool = False, cut_in_half: bool = False) -> None:
+    """Replace model.safetensors by a pytorch_model.bin of the same tensors (torch.save's zip format)."""
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    path = folder / "pytorch_model.bin"
+    torch.save({**state, "extra": RunsCommand(f"touch {folder / 'pwned'}")} if malicious else state, path)
+    if cut_in_half:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+# case: (how to break a folder, given the model's key in MODELS; whether the folder is sharded; the type both errors
+# must be instances of, None for the very type transformers raised)
+TYPE_CASES: dict[str, tuple[Callable[[Path, str], object], bool, type[BaseException] | None]] = {
+    "shapes_do_not_fit_config": (
+        lambda folder, model: edit_config(folder, **{"gpt2": {"n_inner": 128}, "txl": {"d_inner": 128}}[model]),
+        False,
+        None,
+    ),
+    **{
+        f"safetensors_{case}": (
+            lambda folder, model, case=case: (folder / "model.safetensors").write_bytes(
+                _cut((folder / "model.safetensors").read_bytes(), case)
+            ),
+            False,
+            None,
+        )
+        for case, _, _ in SAFETENSORS_CASES
+    },
+    "shard_truncated": (lambda folder, model: _second_shard(folder).write_bytes(b"\x00" * 1000), True, None),
+    "shard_missing": (lambda folder, model: _second_shard(folder).unlink(), True, None),
+    # transformers lets json's JSONDecodeError through; what is promised here is its base class, ValueError.
+    "shard_index_not_json": (
+        lambda folder, model: (folder / "model.safetensors.index.json").write_text('{"metadata": {"total_si'),
+        True,
+        ValueError,
+    ),
+    "malicious_bin": (lambda folder, model: _bin_instead(folder, malicious=True), False, None),
+    "bin_cut_in_half": (lambda folder, model: _bin_instead(folder, cut_in_half=True), False, None),
+    "no_weights": (lambda folder, model: (folder / "model.safetensors").unlink(), False, None),
+}
+
+
+def _raised(call: Callable[[], object]) -> BaseException:
+    with pytest.raises(Exception) as exc_info:
+        call()
+    return exc_info.value
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            case,
+            id=case,
+            marks=reliability(
+                f"exception type: {case.replace('_', ' ')} (compared with a GPT-2 folder broken the same way)",
+                "an instance of the type transformers raises for its own model, and a CheckpointError (OSError)",
+            ),
+        )
+        for case in TYPE_CASES
+    ],
+)
+def test_errors_are_what_transformers_raises(
+    gpt2_saved: Path, saved: Path, tmp_path: Path, record_property, case: str
+) -> None:
+    breaks, sharded, promised = TYPE_CASES[case]
+    errors = {}
+    for model, source in (("gpt2", gpt2_saved), ("txl", saved)):
+        folder = tmp_path / model
+        if sharded:
+            MODELS[model].from_pretrained(source).save_pretrained(folder, max_shard_size="20KB")
+            assert len(list(folder.glob("model-*.safetensors"))) > 1
+        else:
+            shutil.copytree(source, folder)
+        breaks(folder, model)
+        errors[model] = _raised(lambda: MODELS[model].from_pretrained(folder))  # noqa: B023 (called at once)
+    theirs, ours = errors["gpt2"], errors["txl"]
+    record_property("outcome", f"transformers: {type(theirs).__name__}; here: {type(ours).__name__}: {ours}")
+    expected = promised or type(theirs)
+    assert isinstance(theirs, expected), repr(theirs)
+    assert isinstance(ours, expected), (type(ours).__mro__, ours)
+    assert isinstance(ours, CheckpointError) or case == "no_weights", repr(ours)  # no weights: transformers' OSError
+    assert not list(tmp_path.glob("*/pwned"))
+
+
+@pytest.mark.parametrize("case", ["nonexistent", "file_instead_of_folder", "repo_not_cached_offline"])
+@reliability(
+    "exception type: a missing path, a file for a folder, a repo not cached offline (compared with GPT-2)",
+    "an OSError, as transformers raises",
+)
+def test_missing_paths_are_oserrors_as_in_transformers(
+    gpt2_saved: Path, saved: Path, tmp_path: Path, record_property, case: str
+) -> None:
+    def load(model: str, folder: Path) -> object:
+        if case == "nonexistent":
+            return MODELS[model].from_pretrained(tmp_path / "nowhere")
+        if case == "file_instead_of_folder":
+            return MODELS[model].from_pretrained(folder / "config.json")
+        return MODELS[model].from_pretrained("txl-org/missing", cache_dir=tmp_path / "hub", local_files_only=True)
+
+    theirs = _raised(lambda: load("gpt2", gpt2_saved))
+    ours = _raised(lambda: load("txl", saved))
+    record_property("outcome", f"transformers: {type(theirs).__name__}; here: {type(ours).__name__}: {ours}")
+    assert type(theirs) is OSError, repr(theirs)
+    assert isinstance(ours, CheckpointError)

@@ -8,10 +8,25 @@
   truncated, corrupt or refused is named in a `CheckpointError`, with the original exception as its cause;
 * after loading, the weights must fit the model that `config.json` describes: a shape mismatch (unless
   `ignore_mismatched_sizes=True`), a weight the checkpoint lacks, or a checkpoint weight that lands inside the model's
-  structure but has no place there (more layers or clusters than configured) raises a `CheckpointError` naming the
-  parameters. transformers only logs these and initialises the weights at random. The one exception is a task head
-  that is trained from a pre-trained body (`score` of `TxlForSequenceClassification`): it may start newly
-  initialised, with transformers' warning, as usual.
+  structure but has no place there (more layers or clusters than configured) raises a `CheckpointMismatchError`
+  naming the parameters. transformers only logs the last two and initialises the weights at random. The one
+  exception is a task head that is trained from a pre-trained body (`score` of `TxlForSequenceClassification`): it
+  may start newly initialised, with transformers' warning, as usual.
+
+Every error is a `CheckpointError`, an `OSError`. Where transformers raises another type for the same problem with
+its own models (transformers 5.23, checked with GPT-2 folders broken the same way), the error is an instance of that
+type too, so that an `except` written for transformers catches it:
+
+* weights that do not fit config.json: `CheckpointMismatchError`, a `RuntimeError` as transformers raises for
+  mismatched shapes (and torch's strict `load_state_dict` for missing and unexpected weights too);
+* a truncated or corrupt safetensors file: `CorruptSafetensorsError`, a `safetensors.SafetensorError`;
+* a `.bin` that asks for a Python global or is not a torch checkpoint: `RefusedPickleError`, a
+  `pickle.UnpicklingError` as `torch.load(weights_only=True)` raises;
+* a shard named by the index that is missing: `MissingShardError`, a `FileNotFoundError`;
+* a shard index that is not JSON: `ShardIndexError`, a `ValueError` (transformers: its subclass `JSONDecodeError`).
+
+Missing paths and files, and unknown repos offline, are `OSError`s in transformers as here. A truncated `.bin` is a
+plain `CheckpointError`: torch raises `OSError`, `RuntimeError` or `EOFError` depending on where the file was cut.
 
 Weight files are never unpickled in full: safetensors holds no code, and `.bin` files go through
 `torch.load(weights_only=True)` (tensors and plain containers only; `TxlPreTrainedModel.from_pretrained` refuses
@@ -25,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +48,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 __all__ = [
     "FRESH_HEADS",
     "CheckpointError",
+    "CheckpointMismatchError",
+    "CorruptSafetensorsError",
+    "MissingShardError",
+    "RefusedPickleError",
+    "ShardIndexError",
     "TorchLoadProblem",
     "check_loaded_weights",
     "check_safetensors_file",
@@ -65,8 +88,34 @@ _LISTED = 8  # names shown in a message before "... (N more)"
 class CheckpointError(OSError):
     """A checkpoint's files are missing, unreadable, truncated, corrupt, refused, or do not fit its config.json.
 
-    An `OSError`, as transformers raises for files it cannot load; the message names the file or parameters.
+    An `OSError`, as transformers raises for files it cannot load; the message names the file or parameters. The
+    subclasses below are also instances of what transformers raises for the same problem (module docstring).
     """
+
+
+class CheckpointMismatchError(CheckpointError, RuntimeError):
+    """The checkpoint's weights do not fit the model that config.json describes: shapes, missing or misplaced weights.
+
+    A `RuntimeError`, as transformers raises for mismatched shapes without `ignore_mismatched_sizes=True`.
+    """
+
+
+class CorruptSafetensorsError(CheckpointError, SafetensorError):
+    """A safetensors file that is truncated or corrupt: also the `SafetensorError` transformers lets through."""
+
+
+class RefusedPickleError(CheckpointError, pickle.UnpicklingError):
+    """A `.bin` weights file that asks for more than tensors: also the `pickle.UnpicklingError` that
+    `torch.load(weights_only=True)` raises in transformers."""
+
+
+class MissingShardError(CheckpointError, FileNotFoundError):
+    """A shard named by the shard index is not in the folder: also a `FileNotFoundError`, as in transformers."""
+
+
+class ShardIndexError(CheckpointError, ValueError):
+    """A shard index that is not JSON or has no weight map: also a `ValueError` (transformers lets a
+    `json.JSONDecodeError` through for an index that is not JSON)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -94,8 +143,8 @@ def check_safetensors_file(path: str | os.PathLike[str]) -> None:
     raise _corrupt_safetensors(path, problem)
 
 
-def _corrupt_safetensors(path: Path, problem: str) -> CheckpointError:
-    return CheckpointError(
+def _corrupt_safetensors(path: Path, problem: str) -> CorruptSafetensorsError:
+    return CorruptSafetensorsError(
         f"{path}: truncated or corrupt safetensors file: {problem}. Download it again, or save the model again."
     )
 
@@ -204,7 +253,7 @@ def check_torch_file(path: str | os.PathLike[str]) -> None:
     except Exception as error:
         problem = torch_load_problem(error)
         if problem.refused:
-            raise CheckpointError(f"{path}: {problem.text}") from error
+            raise RefusedPickleError(f"{path}: {problem.text}") from error
         raise CheckpointError(
             f"{path}: truncated or corrupt PyTorch weights file ({problem.text}). Download it again, or save the "
             "model again"
@@ -257,14 +306,14 @@ def weight_files(
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             if not strict:
                 return []
-            raise CheckpointError(
+            raise ShardIndexError(
                 f"{path}: not a readable shard index ({type(error).__name__}: {error}); it must be JSON with a "
                 '"weight_map" of parameter names to shard files. Download it again, or save the model again'
             ) from error
         # An index names files of its own folder only: a path elsewhere is refused like a missing shard.
         missing = [shard for shard in shards if Path(shard).name != shard or not (folder / shard).is_file()]
         if missing and strict:
-            raise CheckpointError(
+            raise MissingShardError(
                 f"{path}: names shard files that are not in {folder}: {_listing(missing)}. The download or copy is "
                 "incomplete"
             )
@@ -406,7 +455,7 @@ def _cached_weight_files(repo_id: str, *, subfolder: str, kwargs: Mapping[str, A
 def check_loaded_weights(
     model: Any, info: Mapping[str, Any], *, source: Any, ignore_mismatched_sizes: bool = False
 ) -> None:
-    """Raise `CheckpointError` unless the checkpoint filled `model` (see the module docstring).
+    """Raise `CheckpointMismatchError` unless the checkpoint filled `model` (see the module docstring).
 
     `info` is transformers' loading info (`missing_keys`, `unexpected_keys`, `mismatched_keys` as
     `(name, checkpoint shape, model shape)`).
@@ -421,21 +470,21 @@ def check_loaded_weights(
             f"{name}: {list(checkpoint_shape)} in the checkpoint, {list(model_shape)} in the model"
             for name, checkpoint_shape, model_shape in mismatched
         ]
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"{source}: weights whose shapes do not fit the model ({len(shapes)}): {_listing(shapes)}. {hint}; "
             "pass ignore_mismatched_sizes=True only to initialise them anew on purpose"
         )
     fresh = FRESH_HEADS.get(type(model).__name__, ())
     missing = [name for name in info.get("missing_keys") or () if name.split(".")[0] not in fresh]
     if missing:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"{source}: the checkpoint lacks weights the model needs ({len(missing)}), which would be left random: "
             f"{_listing(missing)}. The weights file is incomplete, belongs to another model (a TxlModel checkpoint "
             f"has no language-modelling head), or {hint}"
         )
     misplaced = [name for name in info.get("unexpected_keys") or () if _inside_model(model, name)]
     if misplaced:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"{source}: the checkpoint holds weights that have no place in the model ({len(misplaced)}): "
             f"{_listing(misplaced)}. {hint}"
         )
