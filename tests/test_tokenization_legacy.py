@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-import transfoxl  # noqa: F401  (registers the configs)
+from transfoxl import TxlForCausalLM  # registers the configs
 from transfoxl.tokenization import (
     LegacyVocabError,
     build_word_level_tokenizer,
@@ -256,6 +257,35 @@ def test_v4_folder_with_tokenizer_config_matches_vocab_only() -> None:
     with_config = AutoTokenizer.from_pretrained(FIXTURES / "v4_folder")
     vocab_only = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")
     assert with_config.get_vocab() == vocab_only.get_vocab()
+
+
+@pytest.mark.parametrize("broken", ["cutoffs_omitted", "attn_type_2"])
+def test_auto_tokenizer_does_not_need_a_valid_model_config(tmp_path: Path, caplog, broken: str) -> None:
+    """A v4 config.json that fails validation: without `cutoffs`, v4's WikiText-103 defaults [20000, 40000, 200000]
+    apply and do not fit vocab_size=111; or an attention type that is not implemented. The tokenizer needs none of
+    it. transformers' AutoTokenizer swallows the config's ValueError and used to fall back to a generic tokenizer that
+    failed with "Couldn't instantiate the backend tokenizer ... sentencepiece or tiktoken"."""
+    shutil.copy(FIXTURES / "v4_vocab_only" / "vocab.pkl", tmp_path)
+    config = json.loads((FIXTURES / "v4_vocab_only" / "config.json").read_text())
+    if broken == "cutoffs_omitted":
+        del config["cutoffs"]
+        problem = r"`cutoffs` must lie strictly between 0 and vocab_size=111, got \[20000, 40000, 200000\]"
+    else:
+        config["attn_type"] = 2
+        problem = r"attn_type=2 is not supported"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    with caplog.at_level("WARNING"):
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only").get_vocab()
+    reference = REFERENCE["references"]["v4_vocab_only"]["pretokenized"][0]
+    assert tokenizer.encode(reference["text"], add_special_tokens=False) == reference["ids"]
+    assert re.search(rf"config\.json.*{problem}.*the tokenizer does not need it", caplog.text), caplog.text
+
+    # The model config is still refused, with its own message, wherever a model or a config is asked for.
+    for load in (AutoConfig.from_pretrained, AutoModelForCausalLM.from_pretrained, TxlForCausalLM.from_pretrained):
+        with pytest.raises(ValueError, match=problem):
+            load(tmp_path)
 
 
 # --- hostile pickles beyond imports (found in review): the reader must stay contained ------------------------------

@@ -13,6 +13,7 @@ unchanged, old key names and ignored keys included.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from itertools import pairwise
@@ -115,6 +116,9 @@ class TxlConfig(PreTrainedConfig):
     """
 
     model_type = "txl"
+    # Trainer's evaluation hands every other output to `compute_metrics` as predictions: the memory and the
+    # per-token losses are not predictions (logits are).
+    keys_to_ignore_at_inference = ["past_key_values", "losses"]
     attribute_map = {
         "n_token": "vocab_size",
         "hidden_size": "d_model",
@@ -302,7 +306,24 @@ class TxlConfig(PreTrainedConfig):
         # becomes a TransfoXLConfig, so that its v4 defaults and parameter names apply as with the Auto classes.
         if cls is TxlConfig and config_dict.get("model_type") == TransfoXLConfig.model_type:
             return TransfoXLConfig.from_dict(config_dict, **kwargs)
-        return super().from_dict(config_dict, **kwargs)
+        try:
+            return super().from_dict(config_dict, **kwargs)
+        except ValueError as error:
+            if kwargs.get("return_unused_kwargs") or not _read_by_auto_tokenizer():
+                raise
+            # AutoTokenizer reads config.json only to pick the tokenizer class by the config's type; when the config
+            # is invalid it falls back, silently, to a generic tokenizer that cannot read a v4 vocab.pkl ("Couldn't
+            # instantiate the backend tokenizer ... sentencepiece"). The tokenizer needs none of these values, so
+            # AutoTokenizer gets a default config of this type, which only routes it to TransfoXLTokenizerFast.
+            logger.warning(
+                f"{kwargs.get('name_or_path', '')}/config.json: not a valid model config ({str(error).rstrip('.')}); "
+                "the tokenizer does not need it, so AutoTokenizer goes on; no model will load from this folder until "
+                "it is fixed."
+            )
+            config = cls()
+            if "name_or_path" in kwargs:
+                config.name_or_path = kwargs["name_or_path"]
+            return config
 
     @classmethod
     def from_legacy(cls, config: TxlConfig) -> TxlConfig:
@@ -318,6 +339,19 @@ class TxlConfig(PreTrainedConfig):
     def cluster_width(self, cluster: int) -> int:
         """Embedding width of cluster `cluster` of the adaptive embedding and softmax."""
         return self.d_embed // (self.div_val**cluster)
+
+
+def _read_by_auto_tokenizer() -> bool:
+    """Whether `AutoTokenizer.from_pretrained` is among the callers (it reads a config only to pick a tokenizer)."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if (
+            frame.f_code.co_name == "from_pretrained"
+            and frame.f_globals.get("__name__") == "transformers.models.auto.tokenization_auto"
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _is_sequence(value: Any) -> bool:
