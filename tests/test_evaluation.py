@@ -108,8 +108,19 @@ def test_ranks_merge_to_the_single_process_result() -> None:
     assert merged.loss == pytest.approx(single.loss, rel=1e-9)
 
 
+def position_sensitive_lm(**overrides):
+    """`tiny_lm` whose attention weights are large enough for clamp_len to move the loss clearly (a tiny random
+    model's attention barely changes its outputs)."""
+    model = tiny_lm(**overrides)
+    with torch.no_grad():
+        for layer in model.transformer.layers:
+            for projection in (layer.attention.pos_proj, layer.attention.qkv_proj, layer.attention.o_proj):
+                projection.weight.mul_(10)
+    return model
+
+
 def test_overrides_apply_during_the_call_and_are_restored() -> None:
-    model = tiny_lm()
+    model = position_sensitive_lm()
     stream = random_stream(model.config.vocab_size)
     seen = []
     model.register_forward_pre_hook(
@@ -121,7 +132,7 @@ def test_overrides_apply_during_the_call_and_are_restored() -> None:
     assert (model.config.clamp_len, model.config.same_length) == (-1, False)
     assert (overridden.clamp_len, overridden.same_length) == (3, True)  # the settings used are recorded
     # The same numbers as a model configured that way, and other numbers than without the overrides.
-    configured = tiny_lm(clamp_len=3, same_length=True)
+    configured = position_sensitive_lm(clamp_len=3, same_length=True)
     assert overridden.nll_sum == pytest.approx(
         evaluate_stream(configured, stream, tgt_len=8, mem_len=16).nll_sum, rel=1e-6
     )

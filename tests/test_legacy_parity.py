@@ -129,24 +129,22 @@ def test_pre_1_6_torch_format(tmp_path):
     close(model(reference["segments.input_ids"][0]).logits, reference["seg0.logprobs"], LOGPROB_ATOL)
 
 
-def test_legacy_model_saves_in_the_legacy_layout_and_converts_to_txl(tmp_path):
+def test_legacy_model_saves_in_the_txl_format(tmp_path):
     model = load_legacy(tmp_path, "preln_samelen_clamp_shared_r", "pytorch_model.bin")
     reference = load_file(FIXTURES / "preln_samelen_clamp_shared_r" / "reference.safetensors")
     ids = reference["segments.input_ids"][0]
 
     model.save_pretrained(tmp_path / "resaved")
+    config = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert config["model_type"] == "txl" and config["auto_map"]["AutoConfig"] == "configuration_txl.TxlConfig"
     saved_keys = load_file(tmp_path / "resaved" / "model.safetensors").keys()
-    assert "transformer.r_w_bias" in saved_keys and "transformer.layers.0.dec_attn.qkv_net.weight" in saved_keys
-    close(AutoModelForCausalLM.from_pretrained(tmp_path / "resaved").eval()(ids).logits, model(ids).logits, 0)
-
-    from transfoxl import TxlConfig
-
-    converted = TxlForCausalLM(TxlConfig.from_legacy(model.config))
-    converted.load_state_dict(model.state_dict())
-    converted.save_pretrained(tmp_path / "converted")
-    config = json.loads((tmp_path / "converted" / "config.json").read_text())
-    assert config["model_type"] == "txl"
-    saved_keys = load_file(tmp_path / "converted" / "model.safetensors").keys()
     assert "transformer.content_bias" in saved_keys and "transformer.layers.0.attention.qkv_proj.weight" in saved_keys
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "converted").eval()
+    assert not any("dec_attn" in key or "r_w_bias" in key for key in saved_keys)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "resaved").eval()
+    assert type(reloaded.config).__name__ == "TxlConfig"
+    close(reloaded(ids).logits, model(ids).logits, 0)
     close(reloaded(ids).logits, reference["seg0.logprobs"], LOGPROB_ATOL)
+    # The loaded model itself is untouched by saving: still the legacy config, and it saves the same way again.
+    assert isinstance(model.config, TransfoXLConfig)
+    model.save_pretrained(tmp_path / "again")
+    assert load_file(tmp_path / "again" / "model.safetensors").keys() == saved_keys

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from tests.utils import tiny_lm
+
+LEGACY_FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
 
 # Runs in a fresh interpreter: importing the package (or its modules) must fail there, so only the files that
 # save_pretrained copied next to the weights can define the model.
@@ -53,6 +58,11 @@ def test_saved_model_loads_with_remote_code_in_a_fresh_process(tmp_path):
     assert auto_map["AutoModelForSequenceClassification"] == "modeling_txl.TxlForSequenceClassification"
 
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert_remote_code_reproduces(model, folder, ids, tmp_path)
+
+
+def assert_remote_code_reproduces(model, folder, ids: torch.Tensor, tmp_path) -> None:
+    """`folder`, loaded in a fresh process without this package, gives `model`'s outputs and generations."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
     result = subprocess.run(
         [sys.executable, "-c", LOADER, str(folder), json.dumps(ids.tolist())],
@@ -74,3 +84,18 @@ def test_saved_model_loads_with_remote_code_in_a_fresh_process(tmp_path):
     generated = model.generate(ids[:1, :3], max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert remote["generated"] == generated.tolist()
     assert remote["config"] == "TxlConfig" and remote["base"] == "TxlModel"
+
+
+def test_a_model_loaded_from_a_legacy_folder_saves_a_folder_remote_code_loads(tmp_path):
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(LEGACY_FIXTURES / "adaptive_div2" / name, legacy / name)
+    model = AutoModelForCausalLM.from_pretrained(legacy).eval()
+    assert type(model.config).__name__ == "TransfoXLConfig"
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["model_type"] == "txl" and saved["auto_map"]["AutoConfig"] == "configuration_txl.TxlConfig"
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert_remote_code_reproduces(model, folder, ids, tmp_path)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin, PreTrainedModel
@@ -278,6 +279,8 @@ class TxlMemory(Cache):
         super().__init__(layers=[TxlMemoryLayer(mem_len) for _ in range(num_layers)])
         self.mem_len = mem_len
         self._padding = SlidingWindow(dim=1, max_len=mem_len)  # [B, M] bool, True = padding
+        self._token_ids = SlidingWindow(dim=1, max_len=mem_len)  # [B, <= M] ids of the latest tokens, -1 = unknown
+        self.seen_tokens = 0  # tokens of the stream run through the model so far (per row; padding included)
 
     @classmethod
     def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
@@ -330,25 +333,102 @@ class TxlMemory(Cache):
         """`[B, M]` bool, True where a memory position was padding; None when nothing was ever padded."""
         return self._padding.value
 
+    def update_tokens(self, input_ids: torch.Tensor | None, *, batch: int, q_len: int, device: torch.device) -> None:
+        """Count a segment of `q_len` tokens as seen and keep the ids of the latest ones (`input_ids` `[B, Q]`, or
+        None for embedded inputs, whose ids are unknown)."""
+        self.seen_tokens += q_len
+        if self.mem_len > 0:
+            if input_ids is None:
+                input_ids = torch.full((batch, q_len), -1, dtype=torch.long, device=device)
+            self._token_ids.append(input_ids.to(torch.long))
+
+    def tokens_already_seen(self, input_ids: torch.Tensor) -> int:
+        """How many leading tokens of `input_ids` `[B, L]` this memory has already run through the model.
+
+        transformers' continuation idiom, `generate(out.sequences, past_key_values=out.past_key_values)`, passes the
+        whole sequence again, while this package's convention is to pass only tokens that are new to the memory.
+        The two are told apart by the ids: when `input_ids` is longer than the `seen_tokens` of the stream and its
+        tokens just before position `seen_tokens` are the ones the memory holds (all of them while the stream is
+        shorter than `mem_len`), the first `seen_tokens` are the memory's and 0 is returned otherwise.
+        """
+        seen, kept = self.seen_tokens, self._token_ids.value
+        if seen == 0 or kept is None or input_ids.shape[1] <= seen or kept.shape[0] != input_ids.shape[0]:
+            return 0
+        count = min(kept.shape[1], seen)
+        matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])
+        return seen if matches else 0
+
     def reset(self) -> None:
         super().reset()
         self._padding.replace(None)
+        self._token_ids.replace(None)
+        self.seen_tokens = 0
+
+    def _apply_to_rows(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply a batch operation to the per-position flags and ids (the layers apply it to their tensors)."""
+        self._padding.map(function)
+        self._token_ids.map(function)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
-        self._padding.map(lambda padding: padding.index_select(0, beam_idx.to(padding.device)))
+        self._apply_to_rows(lambda rows: rows.index_select(0, beam_idx.to(rows.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)
-        self._padding.map(lambda padding: padding.repeat_interleave(repeats, dim=0))
+        self._apply_to_rows(lambda rows: rows.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
-        self._padding.map(lambda padding: padding[indices])
+        self._apply_to_rows(lambda rows: rows[indices])
 
     @property
     def batch_size(self) -> int:
         return self.layers[0].batch_size
+
+
+def is_txl_memory(value: object) -> bool:
+    """Whether `value` is a `TxlMemory`: of this module, or of another copy of this file (a model folder loaded with
+    `trust_remote_code=True` defines its own classes, and this package's memory and streams must work with it)."""
+    if isinstance(value, TxlMemory):
+        return True
+    return isinstance(value, Cache) and any(
+        cls.__name__ == "TxlMemory" and cls.__module__.rpartition(".")[2] == "modeling_txl"
+        for cls in type(value).__mro__
+    )
+
+
+def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple[int, int, int]]:
+    """The tensors of a memory (the hidden states of each layer, the padding flags, the token ids) and what
+    rebuilds it around them: a memory is a pytree, so torch.export takes it as an input and gives it as an output.
+    The inference-only keys and values are left out (recomputed from the hidden states)."""
+    children = [layer.hidden for layer in memory.layers] + [memory.padding, memory._token_ids.value]
+    return children, (len(memory.layers), memory.mem_len, memory.seen_tokens)
+
+
+def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[int, int, int]) -> TxlMemory:
+    num_layers, mem_len, seen_tokens = context
+    memory = TxlMemory(num_layers=num_layers, mem_len=mem_len)
+    for layer, hidden in zip(memory.layers, children[:num_layers]):
+        if hidden is not None:
+            layer.update(hidden)
+    memory._padding.replace(children[num_layers])
+    memory._token_ids.replace(children[num_layers + 1])
+    memory.seen_tokens = seen_tokens
+    return memory
+
+
+def _flatten_memory_with_keys(memory: TxlMemory) -> tuple[list[tuple], tuple[int, int, int]]:
+    children, context = _flatten_memory(memory)
+    return [(pytree.SequenceKey(index), child) for index, child in enumerate(children)], context
+
+
+pytree.register_pytree_node(
+    TxlMemory,
+    _flatten_memory,
+    _unflatten_memory,
+    serialized_type_name=f"{__name__}.TxlMemory",
+    flatten_with_keys_fn=_flatten_memory_with_keys,
+)
 
 
 def sinusoid_positions(
@@ -512,6 +592,7 @@ def _float32_cpu_training(*tensors: torch.Tensor) -> bool:
         and any(tensor.requires_grad for tensor in tensors)
         and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_exporting()  # export traces with gradients on, but records no backward
     )
 
 
@@ -625,6 +706,25 @@ RELATIVE_ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.
 }
 
 
+def _is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is a bare `nn.Linear` without bias (not wrapped by an adapter, hooked or replaced): its weight
+    alone then says what it computes, so the weight may be sliced, and results keyed on it."""
+    return (
+        type(module) is nn.Linear
+        and module.bias is None
+        and not module._forward_hooks
+        and not module._forward_pre_hooks
+        and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
+    )
+
+
+def _inference_caches_apply(projection: nn.Module) -> bool:
+    """Whether results of `projection` may be kept across calls, keyed on its weight's storage and version: not for
+    an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export), where
+    tensors have no storage to identify."""
+    return _is_plain_linear(projection) and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+
+
 class TxlRelativeAttention(nn.Module):
     """Multi-head attention over `[memory; segment]` with relative positions, plus its residual and layer norm."""
 
@@ -645,28 +745,20 @@ class TxlRelativeAttention(nn.Module):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
         self._position_table: tuple[tuple, torch.Tensor] | None = None  # inference cache, see _relative_keys
 
-    def projection_version(self) -> tuple:
-        """Identifies the weights that turn the memory into keys and values; changes whenever they are modified."""
+    def projection_version(self) -> tuple | None:
+        """Identifies the weights that turn the memory into keys and values; changes whenever they are modified.
+        None where that cannot be told (an adapter or hook on the projection, tracing): nothing is then kept."""
+        if not _inference_caches_apply(self.qkv_proj):
+            return None
         weights = [self.qkv_proj.weight]
         if self.config.pre_lnorm:
             weights += [self.layer_norm.weight, self.layer_norm.bias]
         return tuple((weight.data_ptr(), weight._version) for weight in weights)
 
-    def _qkv_is_plain_linear(self) -> bool:
-        """Whether `qkv_proj` is a bare `nn.Linear` (not wrapped, hooked or replaced), so its weight may be sliced."""
-        module = self.qkv_proj
-        return (
-            type(module) is nn.Linear
-            and module.bias is None
-            and not module._forward_hooks
-            and not module._forward_pre_hooks
-            and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
-        )
-
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
         k_len = positions.shape[0]
-        if self.training or torch.is_grad_enabled():
+        if self.training or torch.is_grad_enabled() or not _inference_caches_apply(self.pos_proj):
             return self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
         # Inference: the projected table depends only on the weights, so it is kept across calls instead of
         # projecting all K distances again for every decoded token.
@@ -709,6 +801,8 @@ class TxlRelativeAttention(nn.Module):
         """
         batch, q_len, _ = hidden_states.shape
         version = None if projection_store is None else self.projection_version()
+        if projection_store is not None and version is None:  # they could not be kept in step with the memory
+            projection_store.drop_projections()
         kept = None if version is None or memory is None else projection_store.projections(version)
 
         if kept is None:  # project [memory; segment], as in the paper
@@ -719,7 +813,7 @@ class TxlRelativeAttention(nn.Module):
             context = self.layer_norm(context)
 
         inner = self.n_head * self.d_head
-        if context.shape[1] > q_len and self._qkv_is_plain_linear():
+        if context.shape[1] > q_len and _is_plain_linear(self.qkv_proj):
             # Only the segment needs queries: slicing the weight spares the memory rows' (1/6 of the projection's
             # FLOPs when M = Q). Hooks, adapters (LoRA) and quantised layers keep the module call below.
             query = F.linear(context[:, -q_len:], self.qkv_proj.weight[:inner])  # [B, Q, H*D]
@@ -930,6 +1024,26 @@ class TxlAdaptiveEmbedding(nn.Module):
         return embeddings * self.scale
 
 
+class TxlOutputLayer(nn.Module):
+    """The logits of one cluster of the adaptive softmax, `x W^T + b`: an `nn.Linear` in all but its type.
+
+    Its own type keeps it out of PEFT's `target_modules="all-linear"` (all linear layers but the output ones): its
+    weight is usually the input embedding's (tied), so merging an adapter into it would change the embedding too.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # [n_i, d_i]
+        self.bias = nn.Parameter(torch.empty(out_features))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return F.linear(inputs, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
 def _float_log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """Log-softmax over the last dimension in float32, whatever the model's or autocast's dtype (bf16 keeps about
     3 significant digits: a loss or a sampling distribution would lose them)."""
@@ -957,7 +1071,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         self.output_layers = nn.ModuleList()
         self.output_projections = nn.ParameterList()  # [E, d_i] each, or none
         if config.div_val == 1:
-            self.output_layers.append(nn.Linear(config.d_embed, config.vocab_size))
+            self.output_layers.append(TxlOutputLayer(config.d_embed, config.vocab_size))
             if config.d_embed != config.d_model:
                 for _ in range(self.n_clusters):
                     self.output_projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
@@ -965,7 +1079,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             for cluster in range(self.n_clusters):
                 width = config.cluster_width(cluster)
                 self.output_projections.append(nn.Parameter(torch.empty(config.d_model, width)))
-                self.output_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
+                self.output_layers.append(TxlOutputLayer(width, self.bounds[cluster + 1] - self.bounds[cluster]))
 
     def _cluster_parameters(self, cluster: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Weight `[n_i, d_i]`, bias `[n_i]` and projection `[E, d_i]` (or None) of cluster `cluster`; the head's
@@ -1243,6 +1357,30 @@ class TxlPreTrainedModel(PreTrainedModel):
         return load_checked(super().from_pretrained, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`, always in the `txl` format: a model loaded from a legacy (`transfo-xl`)
+        folder is saved with its `TxlConfig` and the `txl` parameter names, so that the folder loads with plain
+        transformers and `trust_remote_code=True` (whose model classes expect a `TxlConfig`)."""
+        legacy_config = self.config if isinstance(self.config, TransfoXLConfig) else None
+        if legacy_config is None:
+            return self._save_txl(save_directory, *args, **kwargs)
+        models = [module for module in self.modules() if isinstance(module, PreTrainedModel)]
+        configs = [model.config for model in models]
+        conversions = [model.__dict__.get("_weight_conversions") for model in models]
+        modern_config = TxlConfig.from_legacy(legacy_config)
+        try:
+            for model in models:
+                model.config = modern_config if model.config is legacy_config else model.config
+                model._weight_conversions = None  # do not rename the parameters back to v4's names
+            return self._save_txl(save_directory, *args, **kwargs)
+        finally:
+            for model, config, conversion in zip(models, configs, conversions):
+                model.config = config
+                if conversion is None:
+                    model.__dict__.pop("_weight_conversions", None)
+                else:
+                    model._weight_conversions = conversion
+
+    def _save_txl(self, save_directory, *args, **kwargs):
         # transformers records only the saved class in `auto_map`; list every head so that AutoModel,
         # AutoModelForCausalLM and AutoModelForSequenceClassification all load the folder with trust_remote_code.
         auto_map = {
@@ -1263,7 +1401,7 @@ class TxlPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """The original code's initialisation (kept by v4), dispatched on the module that owns each tensor."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, (nn.Linear, nn.Embedding, TxlOutputLayer)):
             self._init_matrix(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
@@ -1280,11 +1418,55 @@ class TxlPreTrainedModel(PreTrainedModel):
             self._init_matrix(module.content_bias)
             self._init_matrix(module.position_bias)
 
-    def resize_token_embeddings(self, *args, **kwargs):
-        raise NotImplementedError(
-            "Resizing the vocabulary of an adaptive embedding / adaptive softmax is not supported: the cluster "
-            "boundaries (cutoffs) would have to move. Build a new config with the new vocab_size and cutoffs instead."
-        )
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> TxlAdaptiveEmbedding:
+        """Grow (or shrink) the vocabulary at its end, as v4 did: the last cluster of the adaptive embedding (the
+        whole table with a plain softmax, `cutoffs=[]`) and of the adaptive softmax gain or lose rows; the other
+        clusters and `cutoffs` stay. New rows start at the mean of the cluster's rows (`mean_resizing`, the
+        default) or as `_init_weights` initialises them. Returns the input embedding module.
+        """
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return self.get_input_embeddings()
+        for name, value in (("new_num_tokens", new_num_tokens), ("pad_to_multiple_of", pad_to_multiple_of)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"resize_token_embeddings: {name} must be a positive integer, got {value!r}.")
+        new_num_tokens = self.config.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None:
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        last_cluster_start = self.config.cluster_bounds[-2]
+        if new_num_tokens <= last_cluster_start:
+            raise ValueError(
+                f"resize_token_embeddings({new_num_tokens}): only the last cluster of the adaptive embedding can "
+                f"change size, and it starts at token {last_cluster_start} (cutoffs {self.config.cutoffs}); the new "
+                f"vocabulary must be larger than {last_cluster_start}."
+            )
+        embeddings = self.get_input_embeddings()
+        table = embeddings.embeddings[-1]  # [n, d]: the last cluster's, or the whole vocabulary's (div_val 1)
+        rows = new_num_tokens - (last_cluster_start if len(embeddings.embeddings) > 1 else 0)
+        resized = nn.Embedding(rows, table.embedding_dim, device=table.weight.device, dtype=table.weight.dtype)
+        resized.weight.data = self._resized_rows(table.weight.data, rows, mean_resizing)
+        embeddings.embeddings[-1] = resized
+        embeddings.bounds[-1] = new_num_tokens
+        self._resize_output(new_num_tokens, rows, mean_resizing)
+        self.config.vocab_size = new_num_tokens
+        return embeddings
+
+    def _resize_output(self, new_num_tokens: int, rows: int, mean_resizing: bool) -> None:
+        """Resize an output head over the vocabulary with the embedding (none here; the LM head has one)."""
+
+    def _resized_rows(self, weight: torch.Tensor, rows: int, mean_resizing: bool) -> torch.Tensor:
+        """`weight` `[n, ...]` with `rows` rows: its first ones, then new rows (their mean, or initialised)."""
+        if rows <= weight.shape[0]:
+            return weight[:rows].clone()
+        added = weight.new_empty(rows - weight.shape[0], *weight.shape[1:])
+        if mean_resizing:
+            added.copy_(weight.mean(dim=0, keepdim=True).expand_as(added))
+        elif weight.dim() == 1:
+            added.zero_()
+        else:
+            self._init_matrix(added)
+        return torch.cat([weight, added], dim=0)
 
 
 class TxlModel(TxlPreTrainedModel):
@@ -1381,7 +1563,7 @@ class TxlModel(TxlPreTrainedModel):
         self, past_key_values: Cache | None, batch: int, hidden_states: torch.Tensor, use_cache: bool
     ) -> TxlMemory | None:
         """The memory to attend to (and update, with use_cache); zero-filled first if `memory_init == "zeros"`."""
-        if past_key_values is not None and not isinstance(past_key_values, TxlMemory):
+        if past_key_values is not None and not is_txl_memory(past_key_values):
             raise TypeError(
                 "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
                 f"{type(past_key_values).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
@@ -1422,6 +1604,10 @@ class TxlModel(TxlPreTrainedModel):
 
     def _positions(self, k_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """R for the distances K-1, ..., 0, `[K, E]`: a view of a table kept across calls (it depends on K only)."""
+        if torch.compiler.is_exporting():  # an exported program computes it; it keeps no Python state
+            return sinusoid_positions(
+                k_len, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
+            )
         key = (dtype, device, self.config.clamp_len)
         if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[0] < k_len:
             length = max(k_len, self.config.mem_len + 1)
@@ -1520,6 +1706,7 @@ class TxlModel(TxlPreTrainedModel):
         keep_projections = use_cache and not self.training and not torch.is_grad_enabled()
         if use_cache:
             memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
+            memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
         layer_inputs, attentions = [], []
         memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
         for layer, memory_layer in zip(self.layers, memory_layers):
@@ -1589,6 +1776,18 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> None:
         return None  # an adaptive softmax has no single output embedding matrix
 
+    def _resize_output(self, new_num_tokens: int, rows: int, mean_resizing: bool) -> None:
+        softmax = self.adaptive_softmax
+        layer = softmax.output_layers[-1]  # [n, d] and [n]: the last cluster's, or the whole vocabulary's
+        resized = TxlOutputLayer(layer.in_features, rows).to(device=layer.weight.device, dtype=layer.weight.dtype)
+        tied = self.config.tie_word_embeddings
+        source = self.transformer.word_embeddings.embeddings[-1].weight
+        resized.weight = source if tied else nn.Parameter(self._resized_rows(layer.weight.data, rows, mean_resizing))
+        resized.bias.data = self._resized_rows(layer.bias.data, rows, mean_resizing)
+        softmax.output_layers[-1] = resized
+        softmax.bounds[-1] = new_num_tokens
+        softmax.shortlist_size = softmax.bounds[1]
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1596,14 +1795,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
-        shift_labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         return_logits: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> TxlCausalLMOutputWithPast | tuple:
         r"""
@@ -1611,17 +1808,22 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
                 Targets, shifted inside (position t predicts `labels[:, t + 1]`), so `labels=input_ids` works; -100
                 is ignored. The last position predicts nothing.
-            shift_labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
-                Targets already aligned with the positions (position t predicts `shift_labels[:, t]`): for a stream
-                cut into segments, the first target of the next segment is not lost.
             logits_to_keep (`int`, *optional*, defaults to 0):
                 Compute log-probabilities for the last `logits_to_keep` positions only (0: all).
             return_logits (`bool`, *optional*):
-                Whether to return `logits`. Defaults to `True` without targets and `False` with them: the loss then
-                only computes the clusters of the adaptive softmax that hold a target.
-            num_items_in_batch (`int`, *optional*):
-                Divide the summed loss by this instead of the number of targets (gradient accumulation).
+                Whether to return `logits`. Defaults to `True`, except when a loss is computed with gradients
+                (training): the loss then only computes the clusters of the adaptive softmax that hold a target, and
+                no `[B, Q, V]` tensor is made. Evaluation (no gradients) returns logits as any causal LM does.
+            shift_labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*, keyword):
+                Targets already aligned with the positions (position t predicts `shift_labels[:, t]`): for a stream
+                cut into segments, the first target of the next segment is not lost. Passed as a keyword, like the
+                loss keywords of transformers' causal LMs, so that Trainer's label detection sees only `labels`.
+            num_items_in_batch (`int`, *optional*, keyword):
+                Divide the summed loss by this instead of the number of targets (gradient accumulation; Trainer
+                passes it).
         """
+        shift_labels = kwargs.pop("shift_labels", None)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         _reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
@@ -1650,8 +1852,10 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             losses = losses.view(batch, q_len)
             loss = self._reduce_loss(losses, targets, num_items_in_batch)
 
+        if return_logits is None:  # the [B, Q, V] log-probabilities cost a training step more than the loss
+            return_logits = targets is None or not (torch.is_grad_enabled() and hidden_states.requires_grad)
         logits = None
-        if return_logits if return_logits is not None else targets is None:
+        if return_logits:
             kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
             logits = self.adaptive_softmax(kept.reshape(-1, kept.shape[-1])).view(batch, kept.shape[1], -1)
 
@@ -1735,7 +1939,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         if generation_config.prefill_chunk_size is None or memory is None or memory.get_seq_length() == 0:
             return super()._prefill(input_ids, generation_config, model_kwargs, is_first_iteration)
         # transformers' chunked prefill skips get_seq_length() tokens of input_ids, taking them for tokens already
-        # cached; the XL memory holds earlier text that input_ids does not repeat, so every token is fed here.
+        # cached; the XL memory holds earlier text that input_ids does not repeat (unless the sequence it has seen is
+        # passed again, transformers' continuation idiom), so every token new to it is fed here.
+        input_ids = input_ids[:, memory.tokens_already_seen(input_ids) :]
         attention_mask = model_kwargs.get("attention_mask")
         if attention_mask is not None:  # the columns of input_ids (a longer mask also covers earlier tokens)
             attention_mask = attention_mask[:, attention_mask.shape[1] - input_ids.shape[1] :]
@@ -1757,16 +1963,19 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor,
         past_key_values: TxlMemory | None = None,
         attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         use_cache: bool = True,
         is_first_iteration: bool = False,
         next_sequence_length: int | None = None,
         **kwargs,
     ) -> dict:
         # The memory length says nothing about how many of input_ids were consumed, so the default slicing (by
-        # get_seq_length) is wrong here: the first call feeds every token given, later calls the newest one.
+        # get_seq_length) is wrong here: the first call feeds every token new to the memory, later calls the newest.
         if not is_first_iteration and use_cache and past_key_values is not None and past_key_values.mem_len > 0:
             input_ids = input_ids[:, -1:]  # (without memory, mem_len = 0, every step sees the whole sequence)
         elif past_key_values is not None and past_key_values.get_seq_length() > 0:
+            # transformers' continuation idiom passes the sequence the memory has already seen, plus new tokens.
+            input_ids = input_ids[:, past_key_values.tokens_already_seen(input_ids) :]
             # generate() repeats the inputs for beams / return sequences but not a memory passed by the caller.
             memory_batch, batch = past_key_values.batch_size, input_ids.shape[0]
             if memory_batch != batch:
@@ -1777,8 +1986,11 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                     )
                 past_key_values.batch_repeat_interleave(batch // memory_batch)
         model_inputs = {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache}
+        if is_first_iteration and inputs_embeds is not None:  # generate(inputs_embeds=...): the prompt is embedded
+            model_inputs["input_ids"], model_inputs["inputs_embeds"] = None, inputs_embeds
+        new_positions = input_ids.shape[1] if model_inputs["input_ids"] is not None else inputs_embeds.shape[1]
         if attention_mask is not None:  # the memory remembers earlier padding: pass the new tokens' columns only
-            model_inputs["attention_mask"] = attention_mask[:, -input_ids.shape[1] :]
+            model_inputs["attention_mask"] = attention_mask[:, attention_mask.shape[1] - new_positions :]
         for name in ("logits_to_keep", "output_attentions", "output_hidden_states"):
             if name in kwargs:
                 model_inputs[name] = kwargs[name]
@@ -1816,13 +2028,33 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         self.transformer._check_input_ids(prompt, synchronize=True)  # one synchronisation per call, not per step
 
     def _check_generation_settings(self, generation_config, kwargs: dict) -> None:
+        def setting(name: str):
+            return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
+
+        # Speculative decoding drafts several tokens and rolls the cache back to the last accepted one; the memory's
+        # oldest states fall off when new ones enter, so it cannot roll back (and transformers would fail deep inside).
+        for name in ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp"):
+            value = setting(name)
+            if value is not None and value is not False:
+                raise ValueError(
+                    f"generate({name}=...): assisted, prompt-lookup and other speculative decoding are not supported "
+                    "by Transformer-XL. They roll the cache back to the last accepted token, and the memory cannot "
+                    "return to an earlier state (the states that left it are gone). Generate without it."
+                )
+        cache_implementation = setting("cache_implementation")
+        if cache_implementation is not None:
+            raise ValueError(
+                f"generate(cache_implementation={cache_implementation!r}) cannot be honoured: Transformer-XL's cache "
+                "is its memory of hidden states (TxlMemory, created by generate() or passed as past_key_values), "
+                "not a key/value cache. Leave cache_implementation unset."
+            )
         for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
-            value = kwargs.get(name, getattr(generation_config, name, None))
+            value = setting(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f"{name} must be an integer, got {value!r}.")
         vocab_size = self.config.vocab_size
         for name in ("eos_token_id", "pad_token_id"):
-            value = kwargs.get(name, getattr(generation_config, name, None))
+            value = setting(name)
             if value is None:
                 continue
             ids = value.flatten().tolist() if isinstance(value, torch.Tensor) else value
@@ -1840,6 +2072,10 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
 
 class TxlForSequenceClassification(TxlPreTrainedModel):
     """Transformer-XL with a linear classifier on the last non-padding token."""
+
+    # The loss is a mean over the batch, as in transformers' classification heads: Trainer must scale it for gradient
+    # accumulation itself rather than pass a count of items.
+    accepts_loss_kwargs = False
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
@@ -1865,7 +2101,10 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         Args:
             labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
                 Class ids (cross-entropy), or floats for regression when `num_labels == 1`.
+            num_items_in_batch (*optional*, keyword):
+                Accepted and not used, as in transformers' classification heads: the loss is a mean over the batch.
         """
+        kwargs.pop("num_items_in_batch", None)
         _reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
@@ -1968,6 +2207,7 @@ __all__ = [
     "TxlModel",
     "TxlPreTrainedModel",
     "causal_memory_mask",
+    "is_txl_memory",
     "relative_shift",
     "shifted_position_scores",
     "sinusoid_positions",

@@ -1,0 +1,405 @@
+"""The tools every causal LM on transformers works with: Trainer, PEFT, generate()'s idioms, torch.export,
+resize_token_embeddings, and remote-code classes beside the package's."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+from tests.utils import tiny_config, tiny_lm
+from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream
+from transfoxl.evaluation import evaluate_stream
+
+
+def random_ids(*shape: int, seed: int = 0, vocab_size: int = 97) -> torch.Tensor:
+    return torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def lm_dataset(rows: int = 8, length: int = 12) -> Dataset:
+    ids = random_ids(rows, length, seed=1)
+    return Dataset.from_list([{"input_ids": row, "labels": row} for row in ids.tolist()])
+
+
+def trainer_arguments(tmp_path, **overrides) -> TrainingArguments:
+    values = dict(
+        output_dir=str(tmp_path / "trainer"),
+        report_to="none",
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        disable_tqdm=True,
+        seed=0,
+    )
+    values.update(overrides)
+    return TrainingArguments(**values)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Trainer
+
+
+def test_trainer_evaluation_reports_the_models_loss_and_gives_logits_to_metrics(tmp_path, one_thread):
+    model = tiny_lm()
+    dataset = lm_dataset()
+    received = {}
+
+    def preprocess(logits, labels):
+        received["preprocess"] = tuple(logits.shape)
+        return logits.argmax(-1)
+
+    def compute_metrics(prediction):
+        received["metrics"] = prediction.predictions.shape
+        return {"predicted_tokens": float(prediction.predictions.size)}
+
+    trainer = Trainer(
+        model=model,
+        args=trainer_arguments(tmp_path),
+        eval_dataset=dataset,
+        compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=preprocess,
+    )
+    assert trainer.label_names == ["labels"]  # what Trainer reads from forward's signature
+    metrics = trainer.evaluate()
+
+    model.eval()
+    with torch.no_grad():
+        batches = [torch.tensor(dataset["input_ids"][start : start + 4]) for start in range(0, len(dataset), 4)]
+        expected = sum(model(batch, labels=batch).loss.item() for batch in batches) / len(batches)
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    assert received["preprocess"] == (4, 12, model.config.vocab_size)  # [B, T, V] log-probabilities
+    assert received["metrics"] == (8, 12)
+    assert metrics["eval_predicted_tokens"] == 8 * 12
+
+    without_preprocessing = Trainer(
+        model=model, args=trainer_arguments(tmp_path), eval_dataset=dataset, compute_metrics=compute_metrics
+    )
+    without_preprocessing.evaluate()
+    assert received["metrics"] == (8, 12, model.config.vocab_size)  # logits alone, not the per-token losses
+
+
+def test_trainer_keeps_the_best_model_by_eval_loss(tmp_path, one_thread):
+    model = tiny_lm().train()
+    args = trainer_arguments(
+        tmp_path,
+        max_steps=4,
+        learning_rate=1e-2,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=lm_dataset(), eval_dataset=lm_dataset(rows=4))
+    trainer.train()
+    evaluated = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert len(evaluated) == 2 and all(math.isfinite(loss) for loss in evaluated)
+    assert trainer.state.best_metric == min(evaluated)
+
+
+def test_training_returns_no_logits_unless_asked(lm):
+    """The training path's speed: no [B, Q, V] log-probabilities when a loss is computed with gradients."""
+    ids = random_ids(2, 6)
+    lm.train()
+    assert lm(ids, labels=ids).logits is None
+    assert lm(ids, labels=ids, return_logits=True).logits.shape == (2, 6, lm.config.vocab_size)
+    with torch.no_grad():
+        assert lm(ids, labels=ids).logits.shape == (2, 6, lm.config.vocab_size)
+
+
+def test_trainer_trains_the_classification_head(tmp_path, one_thread):
+    torch.manual_seed(0)
+    model = TxlForSequenceClassification(tiny_config(num_labels=3, pad_token_id=0))
+    ids = random_ids(8, 10, seed=2)
+    dataset = Dataset.from_list([{"input_ids": row, "labels": index % 3} for index, row in enumerate(ids.tolist())])
+    before = model.score.weight.detach().clone()
+    args = trainer_arguments(tmp_path, max_steps=3, learning_rate=1e-2, gradient_accumulation_steps=2)
+    result = Trainer(model=model, args=args, train_dataset=dataset).train()
+    assert math.isfinite(result.training_loss)
+    assert not torch.equal(model.score.weight, before)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PEFT
+
+
+def test_peft_all_linear_merges_to_the_adapter_models_outputs():
+    peft = pytest.importorskip("peft")
+    model = tiny_lm()
+    ids = random_ids(2, 10)
+    adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules="all-linear", r=4, init_lora_weights=False))
+    wrapped = {name.rsplit(".", 1)[-1] for name, module in adapted.named_modules() if hasattr(module, "lora_A")}
+    # The output clusters share their weights with the input embedding: an adapter merged there would change both.
+    assert wrapped == {"qkv_proj", "pos_proj", "o_proj", "up_proj", "down_proj"}
+    adapted.eval()
+    with torch.no_grad():
+        adapter_logits = adapted(ids).logits
+        merged = adapted.merge_and_unload()
+        torch.testing.assert_close(merged(ids).logits, adapter_logits, rtol=0, atol=1e-4)
+    assert not torch.allclose(adapter_logits, tiny_lm()(ids).logits, atol=1e-3)  # the adapter did change something
+
+
+def test_an_adapter_change_is_seen_by_a_memory_that_keeps_projections():
+    """In inference the memory keeps its keys and values, keyed on the projection's weight. An adapter's weights are
+    not that weight, so nothing is kept for a wrapped projection: after the adapter changes, a memory that went
+    through inference continues as one whose hidden states are projected again."""
+    peft = pytest.importorskip("peft")
+    model = tiny_lm(mem_len=32)
+    config = peft.LoraConfig(target_modules=["qkv_proj", "pos_proj"], init_lora_weights=False)
+    adapted = peft.get_peft_model(model, config).eval()
+    with torch.no_grad():
+        kept = adapted(input_ids=random_ids(1, 6), use_cache=True).past_key_values
+        reprojected = copy.deepcopy(kept)
+        for layer in reprojected.layers:
+            layer.drop_projections()
+        for module in adapted.modules():  # the adapter changes (a training step would do this)
+            if hasattr(module, "lora_B"):
+                for parameter in module.lora_B.parameters():
+                    parameter.add_(0.5)
+        new_tokens = random_ids(1, 3, seed=5)
+        continued = adapted(input_ids=new_tokens, past_key_values=kept).logits
+        expected = adapted(input_ids=new_tokens, past_key_values=reprojected).logits
+    torch.testing.assert_close(continued, expected, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# generate() idioms
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"do_sample": True, "top_k": 5}, {"prefill_chunk_size": 2}, {"repetition_penalty": 1.3}],
+    ids=["greedy", "sampling", "chunked-prefill", "repetition-penalty"],
+)
+def test_continuation_idiom_equals_one_longer_call(settings):
+    model = tiny_lm(mem_len=6)
+    prompt = random_ids(2, 5)
+    torch.manual_seed(3)
+    longer = model.generate(prompt, max_new_tokens=12, min_new_tokens=12, **settings)
+    torch.manual_seed(3)
+    first = model.generate(prompt, max_new_tokens=5, min_new_tokens=5, return_dict_in_generate=True, **settings)
+    memory = first.past_key_values
+    assert memory.seen_tokens == 5 + 5 - 1  # everything but the last generated token
+    second = model.generate(first.sequences, past_key_values=memory, max_new_tokens=7, min_new_tokens=7, **settings)
+    assert torch.equal(second, longer)
+    assert memory.seen_tokens == 5 + 12 - 1 and memory.get_seq_length() == 6  # the memory was not fed twice
+
+
+def test_continuation_idiom_with_left_padding():
+    model = tiny_lm(mem_len=16)
+    prompt = random_ids(2, 6)
+    mask = torch.ones_like(prompt)
+    mask[0, :2] = 0
+    longer = model.generate(prompt, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, pad_token_id=0)
+    first = model.generate(
+        prompt, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, pad_token_id=0, return_dict_in_generate=True
+    )
+    full_mask = torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], dim=1)
+    second = model.generate(
+        first.sequences,
+        attention_mask=full_mask,
+        past_key_values=first.past_key_values,
+        max_new_tokens=5,
+        min_new_tokens=5,
+        pad_token_id=0,
+    )
+    assert torch.equal(second, longer)
+    assert first.past_key_values.get_seq_length() == 6 + 8 - 1  # the sequence was not fed to the memory again
+
+
+def test_new_tokens_after_a_fed_memory_are_all_fed():
+    """The package's own convention still holds: tokens the memory has not seen are fed, even when they are more
+    than the memory has seen."""
+    model = tiny_lm(mem_len=32)
+    context, question = random_ids(1, 4, seed=1), random_ids(1, 9, seed=2)
+    memory = TxlMemory.from_config(model.config)
+    with torch.no_grad():
+        model(context, past_key_values=memory)
+    continued = model.generate(question, past_key_values=memory, max_new_tokens=5, min_new_tokens=5)
+    whole = model.generate(torch.cat([context, question], dim=1), max_new_tokens=5, min_new_tokens=5)
+    assert torch.equal(continued[:, question.shape[1] :], whole[:, 13:])
+    assert memory.seen_tokens == 4 + 9 + 4
+
+
+def test_tokens_already_seen_is_told_by_the_ids():
+    model = tiny_lm(mem_len=4)
+    memory = TxlMemory.from_config(model.config)
+    stream = random_ids(1, 10)
+    with torch.no_grad():
+        model(stream[:, :6], past_key_values=memory)
+    assert memory.seen_tokens == 6
+    assert memory.tokens_already_seen(stream) == 6  # the memory's last 4 ids sit at positions 2-5
+    assert memory.tokens_already_seen(stream[:, :6]) == 0  # nothing new: not the idiom
+    other = stream.clone()
+    other[0, 5] = (other[0, 5] + 1) % 97
+    assert memory.tokens_already_seen(other) == 0
+    embedded = TxlMemory.from_config(model.config)
+    with torch.no_grad():
+        model(inputs_embeds=model.get_input_embeddings()(stream[:, :6]), past_key_values=embedded)
+    assert embedded.seen_tokens == 6 and embedded.tokens_already_seen(stream) == 0  # ids unknown: nothing skipped
+    memory.reset()
+    assert memory.seen_tokens == 0 and memory.tokens_already_seen(stream) == 0
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"assistant": True},
+        {"assistant": True, "do_sample": True},
+        {"assistant": True, "repetition_penalty": 1.2},
+        {"prompt_lookup_num_tokens": 3},
+    ],
+    ids=["assisted", "assisted-sampling", "assisted-repetition-penalty", "prompt-lookup"],
+)
+def test_speculative_decoding_is_refused_up_front(settings):
+    model = tiny_lm()
+    settings = dict(settings)
+    if settings.pop("assistant", False):
+        settings["assistant_model"] = tiny_lm(seed=1)
+    with pytest.raises(ValueError, match="speculative decoding are not supported"):
+        model.generate(random_ids(1, 5), max_new_tokens=4, **settings)
+
+
+@pytest.mark.parametrize("implementation", ["static", "dynamic", "offloaded", "quantized"])
+def test_cache_implementations_are_refused(implementation):
+    with pytest.raises(ValueError, match=f"cache_implementation='{implementation}'. cannot be honoured"):
+        tiny_lm().generate(random_ids(1, 5), max_new_tokens=2, cache_implementation=implementation)
+
+
+def test_generate_from_inputs_embeds():
+    model = tiny_lm(mem_len=8)
+    prompt = random_ids(2, 5)
+    embeds = model.get_input_embeddings()(prompt).detach()
+    from_ids = model.generate(prompt, max_new_tokens=6, min_new_tokens=6)
+    from_embeds = model.generate(inputs_embeds=embeds, max_new_tokens=6, min_new_tokens=6)
+    assert torch.equal(from_embeds, from_ids[:, 5:])  # only the new tokens, as transformers returns them
+    chunked = model.generate(inputs_embeds=embeds, max_new_tokens=6, min_new_tokens=6, prefill_chunk_size=2)
+    assert torch.equal(chunked, from_embeds)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch.export
+
+
+def export_and_run(model, ids, **kwargs):
+    program = torch.export.export(model, (ids,), kwargs)
+    return program.module()(ids, **kwargs)
+
+
+@pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
+def test_torch_export_without_memory_equals_eager(model_class, one_thread):
+    torch.manual_seed(0)
+    model = model_class(tiny_config(pad_token_id=0)).eval()
+    ids = random_ids(2, 6)
+    exported = export_and_run(model, ids, use_cache=False)
+    eager = model(ids, use_cache=False)
+    name = "last_hidden_state" if model_class is TxlModel else "logits"
+    torch.testing.assert_close(exported[name], eager[name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
+def test_torch_export_with_a_memory_equals_eager(model_class, one_thread):
+    torch.manual_seed(0)
+    model = model_class(tiny_config(pad_token_id=0)).eval()
+    ids = random_ids(2, 6)
+    with torch.no_grad():
+        first = model(random_ids(2, 5, seed=4), use_cache=True)
+    memory = first.past_key_values
+    exported = export_and_run(model, ids, past_key_values=memory)
+    eager = model(ids, past_key_values=memory)
+    name = "last_hidden_state" if model_class is TxlModel else "logits"
+    torch.testing.assert_close(exported[name], eager[name], rtol=1e-5, atol=1e-5)
+    returned = exported["past_key_values"]  # the exported program returns the updated memory (a new object)
+    assert type(returned) is TxlMemory and returned.seen_tokens == eager["past_key_values"].seen_tokens
+    for kept, expected in zip(returned.layers, eager["past_key_values"].layers):
+        torch.testing.assert_close(kept.hidden, expected.hidden, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Remote-code classes beside the package's
+
+
+def test_remote_code_model_works_with_the_packages_memory_and_streams(tmp_path):
+    model = tiny_lm()
+    model.save_pretrained(tmp_path / "model")
+    remote_class = get_class_from_dynamic_module("modeling_txl.TxlForCausalLM", str(tmp_path / "model"))
+    assert remote_class is not TxlForCausalLM and remote_class.__module__.startswith("transformers_modules")
+    remote = remote_class.from_pretrained(tmp_path / "model").eval()
+    ids = random_ids(1, 30)
+
+    streams = [TxlStream(each, segment_len=8) for each in (remote, model)]
+    generated = [stream.feed(ids).generate(max_new_tokens=5) for stream in streams]
+    assert torch.equal(*generated)
+    losses = [evaluate_stream(each, ids[0], tgt_len=8, mem_len=8).loss for each in (remote, model)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+    with torch.no_grad():
+        package_memory = TxlMemory.from_config(model.config)
+        remote(ids[:, :8], past_key_values=package_memory)
+        remote_memory = remote(ids[:, :8]).past_key_values  # the remote module's own TxlMemory
+        assert type(remote_memory) is not TxlMemory
+        from_remote = model(ids[:, 8:12], past_key_values=remote_memory).logits
+        from_package = model(ids[:, 8:12], past_key_values=package_memory).logits
+    torch.testing.assert_close(from_remote, from_package, rtol=0, atol=0)
+
+
+def test_other_caches_are_still_refused(lm):
+    from transformers import DynamicCache
+
+    with pytest.raises(TypeError, match="past_key_values must be a TxlMemory"):
+        lm(random_ids(1, 3), past_key_values=DynamicCache())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# resize_token_embeddings
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"cutoffs": [], "div_val": 1}, {}, {"div_val": 1}, {"tie_word_embeddings": False}],
+    ids=["plain-softmax", "adaptive-div2", "adaptive-div1", "untied"],
+)
+def test_resize_token_embeddings_grows_the_last_cluster(overrides, tmp_path):
+    model = tiny_lm(**overrides)
+    ids = random_ids(2, 7)
+    before = model(ids).logits.detach()
+    start = model.config.cluster_bounds[-2]
+    model.resize_token_embeddings(101)
+    assert model.config.vocab_size == 101 and model.config.cutoffs == tiny_lm(**overrides).config.cutoffs
+    after = model(ids).logits.detach()
+    assert after.shape == (2, 7, 101)
+    torch.testing.assert_close(after.exp().sum(-1), torch.ones(2, 7), rtol=0, atol=1e-5)
+    # Tokens before the last cluster keep their probabilities; the last cluster's old tokens keep their ratios.
+    torch.testing.assert_close(after[..., :start], before[..., :start], rtol=0, atol=1e-5)
+    shift = after[..., start:97] - before[..., start:]
+    torch.testing.assert_close(shift, shift[..., :1].expand_as(shift), rtol=0, atol=1e-5)
+    embeddings, softmax = model.transformer.word_embeddings, model.adaptive_softmax
+    tied = model.config.tie_word_embeddings
+    assert (embeddings.embeddings[-1].weight is softmax.output_layers[-1].weight) == tied
+
+    model.train()
+    new_tokens = torch.tensor([[97, 98, 100, 3, 99]])
+    model(new_tokens, labels=new_tokens).loss.backward()
+    assert embeddings.embeddings[-1].weight.grad[-4:].abs().sum() > 0
+    model.save_pretrained(tmp_path / "resized")
+    reloaded = TxlForCausalLM.from_pretrained(tmp_path / "resized").eval()
+    torch.testing.assert_close(reloaded(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
+
+
+def test_resize_token_embeddings_shrinks_and_pads_and_refuses_inner_clusters():
+    model = tiny_lm()
+    model.resize_token_embeddings(60)
+    assert model(torch.tensor([[59, 1]])).logits.shape == (1, 2, 60)
+    model.resize_token_embeddings(61, pad_to_multiple_of=8)
+    assert model.config.vocab_size == 64
+    with pytest.raises(ValueError, match=r"only the last cluster .* starts at token 50"):
+        model.resize_token_embeddings(50)
+    with pytest.raises(ValueError, match=r"new_num_tokens must be a positive integer, got 1\.5"):
+        model.resize_token_embeddings(1.5)
+    assert model.resize_token_embeddings() is model.get_input_embeddings() and model.config.vocab_size == 64
