@@ -9,14 +9,12 @@ import torch.nn.functional as F
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
+from transfoxl.kernels_txl import relative_attention, relative_attention_applies, relu_dropout
 from transfoxl.modeling_txl import (
     TxlDropout,
-    _use_cpu_training_kernel,
     causal_memory_mask,
-    cpu_training_relative_attention,
     eager_relative_attention,
     relative_shift,
-    relu_dropout,
     shifted_position_scores,
 )
 
@@ -63,7 +61,7 @@ def test_cpu_training_kernel_equals_eager_attention(q_len, mem_len, mask_kind):
     inputs = (query, key_value, rel_key, content_bias, position_bias)
     weights = torch.randn(batch, heads, q_len, head_dim)
     results = []
-    for function in (eager_relative_attention, cpu_training_relative_attention):
+    for function in (eager_relative_attention, relative_attention):
         key, value = key_value.chunk(2, dim=1)
         options = {"dropout": 0.0} if function is eager_relative_attention else {}
         output = function(query, key, value, rel_key, content_bias, position_bias, mask, scaling=0.3, **options)
@@ -78,14 +76,14 @@ def test_cpu_training_kernel_equals_eager_attention(q_len, mem_len, mask_kind):
 def test_cpu_training_kernel_is_taken_only_where_it_applies():
     leaf = torch.randn(2, 3, requires_grad=True)
     plain = torch.randn(2, 3)
-    assert _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.0)
-    assert not _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.1)  # SDPA draws the dropout
-    assert not _use_cpu_training_kernel(plain, plain, plain, plain, dropout=0.0)  # inference: SDPA's fused kernel
+    assert relative_attention_applies(leaf, plain, plain, plain, dropout=0.0)
+    assert not relative_attention_applies(leaf, plain, plain, plain, dropout=0.1)  # SDPA draws the dropout
+    assert not relative_attention_applies(plain, plain, plain, plain, dropout=0.0)  # inference: SDPA's fused kernel
     with torch.no_grad():
-        assert not _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.0)
-    assert not _use_cpu_training_kernel(leaf.double(), plain, plain, plain, dropout=0.0)
+        assert not relative_attention_applies(leaf, plain, plain, plain, dropout=0.0)
+    assert not relative_attention_applies(leaf.double(), plain, plain, plain, dropout=0.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not _use_cpu_training_kernel(leaf, plain, plain, plain, dropout=0.0)
+        assert not relative_attention_applies(leaf, plain, plain, plain, dropout=0.0)
 
 
 def test_relu_dropout_keeps_relu_values_drops_at_rate_p_and_backpropagates_through_kept_units():

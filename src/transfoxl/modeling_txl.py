@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -47,8 +46,19 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import logging
 
-# Relative import: right both inside this package and in a model folder loaded with trust_remote_code.
+# Relative imports: right both inside this package and in a model folder loaded with trust_remote_code (which copies
+# the files a model file imports relatively).
 from .configuration_txl import TransfoXLConfig, TxlConfig
+from .kernels_txl import (
+    adaptive_nll,
+    float32_cpu_training,
+    pad_relative_keys,
+    relative_attention,
+    relative_attention_applies,
+    relu_dropout,
+    shifted_product,
+)
+from .kernels_txl import dropout as kernel_dropout
 
 logger = logging.get_logger(__name__)
 
@@ -133,6 +143,16 @@ class SlidingWindow:
         self.replace(None if kept is None else function(kept))
 
 
+@dataclass(frozen=True)
+class LayerMemory:
+    """What one layer reads of the memory for one segment: the hidden states `[B, M, E]` (None while empty) and, in
+    inference, the layer's memory itself, which keeps the keys and values of those positions. A fixed value, so that
+    a checkpointed layer recomputed in backward sees the memory it saw in forward (the memory moves on after it)."""
+
+    hidden: torch.Tensor | None
+    projection_store: TxlMemoryLayer | None = None
+
+
 class TxlMemoryLayer(CacheLayerMixin):
     """The memory of one layer: the last `mem_len` hidden states that entered the layer, `[B, M, E]`, detached.
 
@@ -170,6 +190,10 @@ class TxlMemoryLayer(CacheLayerMixin):
         if self.mem_len > 0:
             self._hidden.extend(hidden_states.detach() if hidden_states.requires_grad else hidden_states)
         return self.hidden
+
+    def read(self, keep_projections: bool) -> LayerMemory:
+        """This layer's memory for the next segment (with its kept projections in inference)."""
+        return LayerMemory(self.hidden, self if keep_projections else None)
 
     def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The kept keys and values `[B, H, M, D]` if weights `projection_version` made them, else None."""
@@ -465,22 +489,13 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
 
 def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch.Tensor:
     """`relative_shift(query @ rel_key^T)` without copying the scores: query `[B, H, Q, D]`, rel_key `[H, K, D]` ->
-    `[B, H, Q, K]`, a strided view.
-
-    `relative_shift` pads the scores with a zero column and re-views them. Prepending a zero row to the (small)
-    rel_key makes the product itself come out padded, so the shift is only a view: no pad, fill or copy of a
-    `[B, H, Q, K + 1]` tensor (on a 2-core CPU those copies cost about as much as the product). rel_key is shared by
-    the batch, so the product is one `[B Q, D] x [D, K + 1]` matrix product per head rather than B small ones.
-    """
+    `[B, H, Q, K]`, a strided view (`kernels_txl.shifted_product`: on a 2-core CPU the pad and copy of
+    `relative_shift` cost about as much as the product)."""
     batch, heads, q_len, head_dim = query.shape
-    k_len = rel_key.shape[1]
     if q_len == 1:  # one query (decoding) is already indexed by key position: no padding, no copy of rel_key
         return query @ rel_key.transpose(-1, -2)
-    padded_key = torch.cat([rel_key.new_zeros(heads, 1, head_dim), rel_key], dim=1)  # [H, K + 1, D]
     by_head = query.transpose(0, 1).reshape(heads, batch * q_len, head_dim)  # [H, B Q, D]
-    padded = torch.bmm(by_head, padded_key.transpose(1, 2))  # [H, B Q, K + 1], column 0 is zero
-    shifted = padded.view(heads, batch, k_len + 1, q_len)[:, :, 1:].view(heads, batch, q_len, k_len)
-    return shifted.transpose(0, 1)  # [B, H, Q, K]
+    return shifted_product(by_head, pad_relative_keys(rel_key), batch).transpose(0, 1)
 
 
 def token_id_outside(ids: torch.Tensor, vocab_size: int) -> int | None:
@@ -558,152 +573,22 @@ def sdpa_relative_attention(
     *,
     scaling: float,
     dropout: float,
-) -> tuple[torch.Tensor, None]:
-    """Same contract as `eager_relative_attention`, with softmax, dropout and the product with values fused.
+) -> torch.Tensor:
+    """Same contract as `eager_relative_attention` (the output only), with softmax, dropout and the product with
+    values fused.
 
     SDPA adds a float mask to its scaled q.k, so the positional term goes in, pre-scaled, as that mask. This fuses
     the rest but does not remove the `[B, H, Q, K]` positional tensor: memory stays O(Q K) per head.
-
-    Training in float32 on a CPU without attention dropout goes through `_RelativeAttentionFunction` instead: there,
-    a bias that needs a gradient sends SDPA to its unfused fallback, which masks twice and guards the softmax against
-    fully masked rows (about 20% slower, measured).
     """
-    if _use_cpu_training_kernel(query, key, value, rel_key, dropout):
-        return cpu_training_relative_attention(
-            query, key, value, rel_key, content_bias, position_bias, mask, scaling=scaling
-        ), None
     # Scaled on the [B, H, Q, D] side, shifted as a view, masked in the one pass that materialises the bias.
     position_score = shifted_position_scores((query + position_bias[:, None]) * scaling, rel_key)  # [B, H, Q, K]
     if mask is None:
         attn_bias = position_score
     else:
         attn_bias = torch.where(mask, torch.finfo(position_score.dtype).min, position_score)
-    attn_output = F.scaled_dot_product_attention(
+    return F.scaled_dot_product_attention(
         query + content_bias[:, None], key, value, attn_mask=attn_bias, dropout_p=dropout, scale=scaling
     )
-    return attn_output, None
-
-
-def _float32_cpu_training(*tensors: torch.Tensor) -> bool:
-    """Whether a gradient will flow back to `tensors`, all float32 on the CPU, without autocast: where the
-    hand-written CPU training paths (attention kernel, loss) apply."""
-    return (
-        torch.is_grad_enabled()
-        and any(tensor.requires_grad for tensor in tensors)
-        and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_exporting()  # export traces with gradients on, but records no backward
-    )
-
-
-def _use_cpu_training_kernel(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rel_key: torch.Tensor, dropout: float
-) -> bool:
-    """Whether `sdpa_relative_attention` takes the CPU training path (see there)."""
-    return dropout == 0.0 and _float32_cpu_training(query, key, value, rel_key)
-
-
-class _RelativeAttentionFunction(torch.autograd.Function):
-    """softmax(q_c k^T s + shift(q_p W_{k,R}R^T) + mask) v with one saved `[H B, Q, K]` tensor: the probabilities.
-
-    Batched as H B matrices, head-major, so that the positional product of each head ([B Q, D] x [D, K + 1]) is
-    written in a layout whose shifted view is already `[H B, Q, K]`. Forward: one pass adds the mask to that view,
-    the content product accumulates into it (baddbmm), one softmax. Backward: the gradient of the scores is computed
-    inside a padded buffer, the transpose of the shift, where the positional products read it: one `[H B, Q, K]`
-    temporary. q_p is not kept: it is rebuilt from q_c, whose bias differs by v - u.
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        content_query: torch.Tensor,  # [H B, Q, D], q + u
-        position_query: torch.Tensor,  # [H, B Q, D], (q + v) * scaling
-        key: torch.Tensor,  # [H B, K, D]
-        value: torch.Tensor,  # [H B, K, D]
-        padded_rel_key: torch.Tensor,  # [H, K + 1, D], a zero row and then W_{k,R} R
-        additive_mask: torch.Tensor | None,  # [Q, K] or [B, Q, K]: 0 or a large negative number
-        bias_shift: torch.Tensor,  # [H, D], v - u (no gradient: for rebuilding q_p in backward)
-        scaling: float,
-    ) -> torch.Tensor:
-        batch_heads, q_len, _ = content_query.shape
-        heads, k_len = padded_rel_key.shape[0], key.shape[1]
-        batch = batch_heads // heads
-        padded = torch.bmm(position_query, padded_rel_key.transpose(1, 2))  # [H, B Q, K + 1], column 0 is zero
-        shifted = padded.view(heads, batch, (k_len + 1) * q_len)[:, :, q_len:].view(heads, batch, q_len, k_len)
-        scores = torch.empty(heads, batch, q_len, k_len, dtype=key.dtype, device=key.device)
-        if additive_mask is None:
-            scores.copy_(shifted)
-        else:
-            torch.add(shifted, additive_mask, out=scores)
-        del padded, shifted
-        scores = scores.view(batch_heads, q_len, k_len).baddbmm_(content_query, key.transpose(1, 2), alpha=scaling)
-        probs = torch.softmax(scores, dim=-1)  # [H B, Q, K]
-        del scores
-        ctx.save_for_backward(content_query, key, value, padded_rel_key, bias_shift, probs)
-        ctx.scaling = scaling
-        return torch.bmm(probs, value)  # [H B, Q, D]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        content_query, key, value, padded_rel_key, bias_shift, probs = ctx.saved_tensors
-        batch_heads, q_len, k_len = probs.shape
-        heads, head_dim = padded_rel_key.shape[0], key.shape[2]
-        batch = batch_heads // heads
-        grad_output = grad_output.contiguous()
-        grad_value = torch.bmm(probs.transpose(1, 2), grad_output)  # [H B, K, D]
-        # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
-        grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
-        grad_padded[:, :, :q_len].zero_()
-        grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
-        grad_scores.baddbmm_(grad_output, value.transpose(1, 2), beta=0.0)  # d loss / d probs
-        row_dot = torch.linalg.vecdot(grad_scores, probs)  # [H B, Q]: the softmax backward, in place
-        grad_scores.sub_(row_dot[..., None]).mul_(probs)
-        grad_content_query = torch.bmm(grad_scores, key).mul_(ctx.scaling)
-        grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(ctx.scaling)
-        position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(ctx.scaling)
-        grad_padded = grad_padded.view(heads, batch * q_len, k_len + 1)
-        grad_position_query = torch.bmm(grad_padded, padded_rel_key)  # [H, B Q, D]
-        grad_padded_rel_key = torch.bmm(grad_padded.transpose(1, 2), position_query)  # [H, K + 1, D]
-        return grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key, None, None, None
-
-
-def cpu_training_relative_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    rel_key: torch.Tensor,
-    content_bias: torch.Tensor,
-    position_bias: torch.Tensor,
-    mask: torch.Tensor | None,
-    *,
-    scaling: float,
-) -> torch.Tensor:
-    """`sdpa_relative_attention` without dropout, by `_RelativeAttentionFunction`: the output `[B, H, Q, D]`."""
-    batch, heads, q_len, head_dim = query.shape
-    k_len = key.shape[2]
-    by_head = query.transpose(0, 1)  # [H, B, Q, D]
-    content_query = (by_head + content_bias[:, None, None]).reshape(heads * batch, q_len, head_dim)
-    position_query = ((by_head + position_bias[:, None, None]) * scaling).reshape(heads, batch * q_len, head_dim)
-    key = key.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
-    value = value.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
-    padded_rel_key = torch.cat([rel_key.new_zeros(heads, 1, head_dim), rel_key], dim=1)  # [H, K + 1, D]
-    additive_mask = None
-    if mask is not None:  # [Q, K] or [B, 1, Q, K] -> [Q, K] or [B, Q, K], broadcast over the heads
-        mask = mask if mask.dim() == 2 else mask[:, 0]
-        additive_mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-        additive_mask.masked_fill_(mask, torch.finfo(query.dtype).min)
-    bias_shift = (position_bias - content_bias).detach()
-    output = _RelativeAttentionFunction.apply(
-        content_query, position_query, key, value, padded_rel_key, additive_mask, bias_shift, scaling
-    )
-    return output.view(heads, batch, q_len, head_dim).transpose(0, 1)  # [B, H, Q, D]
-
-
-RELATIVE_ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    "eager": eager_relative_attention,
-    "sdpa": sdpa_relative_attention,
-}
 
 
 def _is_plain_linear(module: nn.Module) -> bool:
@@ -743,7 +628,7 @@ class TxlRelativeAttention(nn.Module):
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
-        self._position_table: tuple[tuple, torch.Tensor] | None = None  # inference cache, see _relative_keys
+        self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
 
     def projection_version(self) -> tuple | None:
         """Identifies the weights that turn the memory into keys and values; changes whenever they are modified.
@@ -760,53 +645,45 @@ class TxlRelativeAttention(nn.Module):
         k_len = positions.shape[0]
         if self.training or torch.is_grad_enabled() or not _inference_caches_apply(self.pos_proj):
             return self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
-        # Inference: the projected table depends only on the weights, so it is kept across calls instead of
-        # projecting all K distances again for every decoded token.
+        # Inference: `positions` is the last K rows of the model's table; its projection depends only on the weights,
+        # so the whole table is projected once and kept, instead of all K distances again for every decoded token.
+        table = positions if positions._base is None else positions._base  # [L, E], L >= K
         weight = self.pos_proj.weight
-        device = positions.device
-        autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type)
-        key = (weight.data_ptr(), weight._version, positions.dtype, device, autocast, self.config.clamp_len)
-        if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[1] < k_len:
-            length = max(k_len, self.config.mem_len + 1)
-            table = sinusoid_positions(
-                length,
-                self.config.d_model,
-                clamp_len=self.config.clamp_len,
-                dtype=positions.dtype,
-                device=positions.device,
-            )
-            table = self.pos_proj(table).view(length, self.n_head, self.d_head).transpose(0, 1)  # [H, L, D]
-            self._position_table = (key, table)
-        table = self._position_table[1]
-        return table[:, table.shape[1] - k_len :]  # rows of distances K-1, ..., 0
+        autocast = torch.is_autocast_enabled(table.device.type) and torch.get_autocast_dtype(table.device.type)
+        key = (weight.data_ptr(), weight._version, autocast)
+        cached = self._position_table
+        if cached is None or cached[0] != key or cached[1] is not table:
+            projected = self.pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
+            cached = self._position_table = (key, table, projected)  # [H, L, D]
+        projected = cached[2]
+        return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
     def forward(
         self,
         hidden_states: torch.Tensor,
-        memory: torch.Tensor | None,
+        memory: LayerMemory | None,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         content_bias: torch.Tensor,
         position_bias: torch.Tensor,
         output_attentions: bool = False,
-        projection_store: TxlMemoryLayer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from the segment to `[memory; segment]`.
 
-        hidden_states `[B, Q, E]`; memory `[B, M, E]` or None; positions `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`,
-        True = hidden, or None. In inference, `projection_store` is this layer's memory: it keeps the keys and values
-        of its positions, so that the next call projects only its own segment (training passes None: the weights
-        change between calls, and a checkpointed layer must not touch the memory).
+        hidden_states `[B, Q, E]`; memory: what this layer reads of the memory for this segment, or None; positions
+        `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden, or None; content_bias, position_bias (u, v) `[H, D]`.
         Returns the new hidden states `[B, Q, E]` and the probabilities `[B, H, Q, K]` (with `output_attentions`).
         """
         batch, q_len, _ = hidden_states.shape
-        version = None if projection_store is None else self.projection_version()
-        if projection_store is not None and version is None:  # they could not be kept in step with the memory
-            projection_store.drop_projections()
-        kept = None if version is None or memory is None else projection_store.projections(version)
+        hidden_memory = None if memory is None else memory.hidden  # [B, M, E]
+        store = None if memory is None else memory.projection_store
+        version = None if store is None else self.projection_version()
+        if store is not None and version is None:  # the kept keys could not be kept in step with the weights
+            store.drop_projections()
+        kept = None if version is None or hidden_memory is None else store.projections(version)
 
         if kept is None:  # project [memory; segment], as in the paper
-            context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)  # [B, K, E]
+            context = hidden_states if hidden_memory is None else torch.cat([hidden_memory, hidden_states], dim=1)
         else:  # the memory's keys and values are kept: only the segment needs projecting
             context = hidden_states  # [B, Q, E]
         if self.config.pre_lnorm:
@@ -826,25 +703,25 @@ class TxlRelativeAttention(nn.Module):
             query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
             query = query[:, :, -q_len:]  # [B, H, Q, D]
         if kept is not None:
-            key, value = projection_store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
+            key, value = store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
         elif version is not None:
-            projection_store.store_projections(key, value, version)
+            store.store_projections(key, value, version)
         rel_key = self._relative_keys(positions)  # [H, K, D]
 
+        # The one place where the computation path is chosen: eager (the readable reference, and the only one that
+        # returns probabilities), the CPU training kernel, or SDPA.
+        dropout = self.config.dropatt if self.training else 0.0
         implementation = getattr(self.config, "_attn_implementation", None) or "eager"
-        if output_attentions or implementation not in RELATIVE_ATTENTION_FUNCTIONS:
-            implementation = "eager"  # only eager returns the probabilities
-        attn_output, attn_weights = RELATIVE_ATTENTION_FUNCTIONS[implementation](
-            query,
-            key,
-            value,
-            rel_key,
-            content_bias,
-            position_bias,
-            mask,
-            scaling=self.scaling,
-            dropout=self.config.dropatt if self.training else 0.0,
-        )
+        arguments = (query, key, value, rel_key, content_bias, position_bias, mask)
+        attn_weights = None
+        if output_attentions or implementation not in ("sdpa", "eager"):
+            implementation = "eager"
+        if implementation == "eager":
+            attn_output, attn_weights = eager_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
+        elif relative_attention_applies(query, key, value, rel_key, dropout):
+            attn_output = relative_attention(*arguments, scaling=self.scaling)
+        else:
+            attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
         attn_output = self.dropout(self.o_proj(attn_output))  # [B, Q, E]
         if self.config.pre_lnorm:
@@ -852,74 +729,11 @@ class TxlRelativeAttention(nn.Module):
         return self.layer_norm(hidden_states + attn_output), attn_weights
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Dropout: the same distribution as nn.Dropout, with a cheaper mask on CPUs (torch's `bernoulli_` draws are about as
-# slow as a matrix product of the same size there) and, after ReLU, nothing but the output kept for backward.
-
-
-def _keep_mask(inputs: torch.Tensor, p: float) -> torch.Tensor:
-    """Bool mask, each entry True with probability 1 - p (uniform [0, 1) draws above p)."""
-    return torch.rand_like(inputs) >= p
-
-
-class _Dropout(torch.autograd.Function):
-    """Inverted dropout keeping its bool mask for backward (what `F.dropout` keeps too)."""
-
-    @staticmethod
-    def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
-        keep = _keep_mask(inputs, p)
-        ctx.scale = 1.0 / (1.0 - p)
-        ctx.save_for_backward(keep)
-        return torch.mul(inputs, keep).mul_(ctx.scale)  # (a product by the bool mask: 2-3x faster than `where`)
-
-    @staticmethod
-    @once_differentiable  # a second derivative would raise, not come out wrong
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return torch.mul(grad_output, keep).mul_(ctx.scale), None
-
-
-class _ReluDropout(torch.autograd.Function):
-    """`dropout(relu(x))` that keeps only its output for backward.
-
-    Where the output is 0, either ReLU or dropout zeroed it and the gradient is 0 either way; elsewhere the gradient
-    is `1 / (1 - p)`. So the output (which the next linear layer keeps anyway) replaces ReLU's saved output and
-    dropout's mask: two `[B, Q, d_inner]` tensors fewer per layer.
-    """
-
-    @staticmethod
-    def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
-        ctx.scale = 1.0 / (1.0 - p)
-        # The uniform draws become the output in place: 1.0 where kept, times the inputs, ReLU, scale.
-        output = torch.rand_like(inputs).ge_(p).mul_(inputs).relu_().mul_(ctx.scale)
-        ctx.save_for_backward(output)
-        return output
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (output,) = ctx.saved_tensors
-        return torch.mul(grad_output, output > 0).mul_(ctx.scale), None
-
-
-def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
-    return training and p > 0.0 and torch.is_grad_enabled() and inputs.requires_grad
-
-
-def relu_dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout(F.relu(inputs), p, training)`, through `_ReluDropout` when it applies."""
-    if not _dropout_applies(inputs, p, training):
-        return F.dropout(F.relu(inputs), p, training)
-    return _ReluDropout.apply(inputs, p)
-
-
 class TxlDropout(nn.Dropout):
-    """`nn.Dropout` (same `p`, same distribution, no state) with the cheaper mask of `_Dropout` in training."""
+    """`nn.Dropout` (same `p`, same distribution, no state) with the cheaper mask of `kernels_txl.dropout`."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not _dropout_applies(inputs, self.p, self.training) or self.inplace:
-            return super().forward(inputs)
-        return _Dropout.apply(inputs, self.p)
+        return super().forward(inputs) if self.inplace else kernel_dropout(inputs, self.p, self.training)
 
 
 class TxlFeedForward(nn.Module):
@@ -954,24 +768,16 @@ class TxlLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        memory: torch.Tensor | None,
+        memory: LayerMemory | None,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         content_bias: torch.Tensor,
         position_bias: torch.Tensor,
         output_attentions: bool = False,
-        projection_store: TxlMemoryLayer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same arguments and results as `TxlRelativeAttention.forward`, through the feed-forward sub-layer too."""
         hidden_states, attn_weights = self.attention(
-            hidden_states,
-            memory,
-            positions,
-            mask,
-            content_bias,
-            position_bias,
-            output_attentions,
-            projection_store,
+            hidden_states, memory, positions, mask, content_bias, position_bias, output_attentions
         )
         return self.ffn(hidden_states), attn_weights
 
@@ -1095,32 +901,6 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         projection = self.output_projections[cluster] if len(self.output_projections) > 0 else None
         return weight, bias, projection
 
-    def _parameter_grads(
-        self, cluster_grads: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
-    ) -> dict[torch.Tensor, torch.Tensor]:
-        """Gradients for each cluster's weight, bias and projection (as `_cluster_parameters` gives them) ->
-        gradients of the parameters they come from (a shared parameter gets the sum)."""
-        grads: dict[torch.Tensor, torch.Tensor] = {}
-
-        def add(parameter: torch.Tensor, grad: torch.Tensor, rows: slice = slice(None)) -> None:
-            if parameter not in grads:
-                grads[parameter] = torch.zeros_like(parameter)
-            grads[parameter][rows] += grad
-
-        for cluster, (grad_weight, grad_bias, grad_projection) in enumerate(cluster_grads):
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            width = high - low
-            layer = self.output_layers[0] if self.div_val == 1 else self.output_layers[cluster]
-            rows = slice(low, high) if self.div_val == 1 else slice(None)  # div_val 1: one layer, sliced
-            add(layer.weight, grad_weight[:width], rows)
-            add(layer.bias, grad_bias[:width], rows)
-            if cluster == 0 and self.n_clusters > 1:
-                add(self.cluster_weight, grad_weight[width:])
-                add(self.cluster_bias, grad_bias[width:])
-            if grad_projection is not None:
-                add(self.output_projections[cluster], grad_projection)
-        return grads
-
     def _cluster_logits(self, hidden_states: torch.Tensor, cluster: int) -> torch.Tensor:
         """Logits `[N, n_i]` of cluster `cluster` (for cluster 0, the head: shortlist plus one per tail cluster)."""
         weight, bias, projection = self._cluster_parameters(cluster)
@@ -1139,7 +919,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             pieces.append(head_logprobs[:, self.shortlist_size + cluster - 1, None] + tail_logprobs)
         return torch.cat(pieces, dim=-1)  # [N, V]
 
-    # Training on a CPU computes the loss a chunk of rows at a time (`_ChunkedAdaptiveNLL`): about this many head
+    # Training on a CPU computes the loss a chunk of rows at a time (`kernels_txl.adaptive_nll`): about this many head
     # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower (measured).
     loss_chunk_elements = 2**20
 
@@ -1147,14 +927,15 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         """Negative log-likelihood of `targets` `[N]` under `[N, E]` hidden states: `[N]`, 0 where ignored.
 
         Only the clusters that hold a target are computed, and only on the rows whose target they hold. When a
-        gradient will flow back to float32 CPU hidden states (no autocast), through `_ChunkedAdaptiveNLL`: the same
-        values and gradients, faster and in less memory.
+        gradient will flow back to float32 CPU hidden states (no autocast, not compiling), through
+        `kernels_txl.adaptive_nll`: the same values and gradients, faster and in less memory.
         """
-        if _float32_cpu_training(hidden_states) and not torch.compiler.is_compiling():
-            head_width = self.shortlist_size + self.n_clusters - 1
-            chunk_rows = max(1, self.loss_chunk_elements // head_width)
-            parameters = [parameter for parameter in self.parameters() if parameter.requires_grad]
-            return _ChunkedAdaptiveNLL.apply(self, targets, ignore_index, chunk_rows, hidden_states, *parameters)
+        if float32_cpu_training(hidden_states) and not torch.compiler.is_compiling():
+            clusters = [self._cluster_parameters(cluster) for cluster in range(self.n_clusters)]
+            chunk_rows = max(1, self.loss_chunk_elements // (self.shortlist_size + self.n_clusters - 1))
+            return adaptive_nll(
+                hidden_states, targets, clusters, self.bounds, ignore_index=ignore_index, chunk_rows=chunk_rows
+            )
         return self._nll(hidden_states, targets, ignore_index)
 
     def _nll(self, hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -1181,128 +962,6 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             target_logprobs = tail_logprobs.gather(1, (targets[rows] - low)[:, None]).squeeze(1)
             nll = nll.index_put((rows,), -(head_logprobs[rows, self.shortlist_size + cluster - 1] + target_logprobs))
         return torch.where(targets == ignore_index, 0.0, nll)
-
-
-class _ChunkedAdaptiveNLL(torch.autograd.Function):
-    """`TxlAdaptiveLogSoftmax._nll` with its gradients computed in the forward, by hand, one chunk of rows at a time.
-
-    Each cluster of the adaptive softmax is a cross-entropy (the head's target for a tail token is its cluster's
-    logit), whose gradient with respect to its logits is softmax - one-hot: computed in place in the logits' buffer,
-    chunk by chunk, it needs no `[N, n_i]` tensor kept for backward (autograd keeps each cluster's log-probabilities
-    and allocates as much again when backward starts). What is kept are the gradients of `nll.sum()`: `[N, E]` for
-    the hidden states and one per parameter of the softmax. Backward scales them by the incoming gradient when it is
-    the same for every row (what a mean or a sum of the losses gives); any other incoming gradient (weighted losses)
-    runs the chunks again with it as row weights. Equal to autograd on `_nll` within float32 rounding (tests).
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        module: TxlAdaptiveLogSoftmax,
-        targets: torch.Tensor,  # [N]
-        ignore_index: int,
-        chunk_rows: int,
-        hidden_states: torch.Tensor,  # [N, E]
-        *parameters: torch.Tensor,  # the softmax's parameters that need a gradient
-    ) -> torch.Tensor:
-        nll, grads = _adaptive_nll_and_grads(module, hidden_states, targets, ignore_index, chunk_rows, parameters)
-        ctx.module, ctx.ignore_index, ctx.chunk_rows = module, ignore_index, chunk_rows
-        ctx.num_parameters = len(parameters)
-        ctx.save_for_backward(hidden_states, targets, *parameters, *grads)
-        return nll  # [N]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden_states, targets, *rest = ctx.saved_tensors
-        parameters, grads = rest[: ctx.num_parameters], rest[ctx.num_parameters :]
-        if torch.equal(grad_nll, grad_nll[:1].expand_as(grad_nll)):  # the usual case: one scale for every row
-            grads = [grad * grad_nll[0] for grad in grads]  # not in place: backward may run again (retain_graph)
-        else:
-            _, grads = _adaptive_nll_and_grads(
-                ctx.module, hidden_states, targets, ctx.ignore_index, ctx.chunk_rows, parameters, grad_nll
-            )
-        return None, None, None, None, *grads
-
-
-def _adaptive_nll_and_grads(
-    module: TxlAdaptiveLogSoftmax,
-    hidden_states: torch.Tensor,
-    targets: torch.Tensor,
-    ignore_index: int,
-    chunk_rows: int,
-    parameters: Sequence[torch.Tensor],
-    grad_nll: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """`module._nll` `[N]` and the gradients of `(nll * grad_nll).sum()` (`nll.sum()` when None) for the hidden
-    states `[N, E]` and each of `parameters`, computed `chunk_rows` rows at a time."""
-    num_rows = hidden_states.shape[0]
-    cluster_parameters = [module._cluster_parameters(cluster) for cluster in range(module.n_clusters)]
-    cluster_grads = [  # [weight, bias, projection] of each cluster, summed over the chunks
-        [torch.zeros_like(tensor) if tensor is not None else None for tensor in parameters_of_cluster]
-        for parameters_of_cluster in cluster_parameters
-    ]
-    nll = torch.zeros(num_rows, dtype=torch.float32, device=hidden_states.device)
-    grad_hidden = torch.zeros_like(hidden_states)
-    valid = targets != ignore_index
-    row_weights = valid.to(hidden_states.dtype) if grad_nll is None else torch.where(valid, grad_nll, 0.0)
-    # The head's target: the token itself, or the logit of its tail cluster.
-    head_targets = torch.where(valid & (targets < module.shortlist_size), targets, 0)
-    for cluster in range(1, module.n_clusters):
-        in_cluster = (targets >= module.bounds[cluster]) & (targets < module.bounds[cluster + 1])
-        head_targets = torch.where(in_cluster, module.shortlist_size + cluster - 1, head_targets)
-
-    for start in range(0, num_rows, chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        nll[rows], grad_hidden[rows] = _cross_entropy_and_grads(
-            hidden_states[rows], head_targets[rows], row_weights[rows], cluster_parameters[0], cluster_grads[0]
-        )
-        chunk_targets = targets[rows]
-        for cluster in range(1, module.n_clusters):
-            low, high = module.bounds[cluster], module.bounds[cluster + 1]
-            cluster_rows = ((chunk_targets >= low) & (chunk_targets < high)).nonzero().squeeze(1) + start
-            if cluster_rows.numel() == 0:
-                continue
-            cluster_nll, cluster_grad = _cross_entropy_and_grads(
-                hidden_states[cluster_rows],
-                targets[cluster_rows] - low,
-                row_weights[cluster_rows],
-                cluster_parameters[cluster],
-                cluster_grads[cluster],
-            )
-            nll.index_add_(0, cluster_rows, cluster_nll)
-            grad_hidden.index_add_(0, cluster_rows, cluster_grad)
-    nll.masked_fill_(~valid, 0.0)
-    grads = module._parameter_grads(cluster_grads)
-    return nll, [grad_hidden, *(grads.get(parameter, torch.zeros_like(parameter)) for parameter in parameters)]
-
-
-def _cross_entropy_and_grads(
-    hidden_states: torch.Tensor,  # [n, E]
-    targets: torch.Tensor,  # [n], indices into the cluster
-    row_weights: torch.Tensor,  # [n]
-    cluster_parameters: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
-    cluster_grads: list,  # [weight, bias, projection] gradients of the cluster, added to in place
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy `[n]` of one cluster and the gradient of `sum(row_weights * cross-entropy)` for the hidden
-    states `[n, E]`; the cluster's parameter gradients are added to `cluster_grads`."""
-    weight, bias, projection = cluster_parameters
-    inputs = hidden_states if projection is None else hidden_states @ projection  # [n, d_i]
-    logits = F.linear(inputs, weight, bias)  # [n, n_i]
-    target_logits = logits.gather(1, targets[:, None]).squeeze(1)
-    row_max = logits.amax(dim=1)
-    exp_logits = logits.sub_(row_max[:, None]).exp_()  # in the logits' buffer, as everything below
-    row_sum = exp_logits.sum(dim=1)
-    cross_entropy = row_max + row_sum.log() - target_logits
-    grad_logits = exp_logits.mul_((row_weights / row_sum)[:, None])  # softmax, times the row weight
-    grad_logits.scatter_add_(1, targets[:, None], -row_weights[:, None])  # - one-hot, times the row weight
-    cluster_grads[0].addmm_(grad_logits.T, inputs)  # [n_i, d_i]
-    cluster_grads[1].add_(grad_logits.sum(0))
-    grad_inputs = grad_logits @ weight  # [n, d_i]
-    if projection is None:
-        return cross_entropy, grad_inputs
-    cluster_grads[2].addmm_(hidden_states.T, grad_inputs)  # [E, d_i]
-    return cross_entropy, grad_inputs @ projection.T
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1714,15 +1373,9 @@ class TxlModel(TxlPreTrainedModel):
             attention = layer.attention
             content_bias = attention.content_bias if self.config.untie_r else self.content_bias
             position_bias = attention.position_bias if self.config.untie_r else self.position_bias
+            layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
             hidden_states, attn_weights = layer(
-                layer_inputs[-1],
-                None if memory_layer is None else memory_layer.hidden,
-                positions,
-                mask,
-                content_bias,
-                position_bias,
-                output_attentions,
-                memory_layer if keep_projections else None,
+                layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
             )
             attentions.append(attn_weights)
             if use_cache:  # after the layer has read its memory; outside the layer for gradient checkpointing

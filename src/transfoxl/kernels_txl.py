@@ -1,0 +1,365 @@
+"""Hand-written CPU training kernels for Transformer-XL, the fast paths beside the readable ones of `modeling_txl.py`.
+
+On a CPU, float32 training spends its time in a few places where autograd's generic code is slow or keeps more than
+it needs; each function here computes exactly what its readable counterpart in `modeling_txl.py` computes (tests
+compare values and gradients), and `modeling_txl.py` decides where each one applies:
+
+- `relative_attention`: softmax(q_c k^T s + shift(q_p (W_{k,R} R)^T) + mask) v with one saved `[H B, Q, K]` tensor.
+  A bias that needs a gradient sends CPU SDPA to its unfused fallback (it masks twice and guards the softmax against
+  fully masked rows); this is about 20% faster.
+- `dropout`, `relu_dropout`: the distribution of `nn.Dropout` with masks drawn as uniform numbers (torch's
+  `bernoulli_` costs about as much as a matrix product of the same size on a CPU), and after a ReLU only the output
+  kept for backward.
+- `adaptive_nll`: the adaptive softmax's loss with its gradients computed in the forward, a chunk of rows at a time,
+  in place in the logits' buffer (no `[N, n_i]` log-probabilities kept).
+
+Tensors only: nothing here knows the model's modules or config, and this file imports torch alone, so
+`save_pretrained` copies it into a model folder beside `modeling_txl.py` for `trust_remote_code=True`.
+
+Shapes: B batch, H heads, Q queries (segment), K keys (memory + segment), D head width, N rows (tokens), E width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+
+def float32_cpu_training(*tensors: torch.Tensor) -> bool:
+    """Whether a gradient will flow back to `tensors`, all float32 on the CPU, without autocast, outside
+    torch.export (which traces with gradients on but records no backward): where these kernels apply."""
+    return (
+        torch.is_grad_enabled()
+        and any(tensor.requires_grad for tensor in tensors)
+        and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_exporting()
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The relative shift as a view
+
+
+def pad_relative_keys(rel_key: torch.Tensor) -> torch.Tensor:
+    """`[H, K, D]` -> `[H, K + 1, D]`: a zero row, then `rel_key` (row r + 1 = distance K-1-r)."""
+    heads, _, head_dim = rel_key.shape
+    return torch.cat([rel_key.new_zeros(heads, 1, head_dim), rel_key], dim=1)
+
+
+def shifted_product(position_query: torch.Tensor, padded_rel_key: torch.Tensor, batch: int) -> torch.Tensor:
+    """The relative shift (App. B) of `position_query @ rel_key^T`, computed without copying the scores.
+
+    position_query `[H, B Q, D]` (head-major: one matrix product per head, rel_key being shared by the batch);
+    padded_rel_key `[H, K + 1, D]` (`pad_relative_keys`). Returns `[H, B, Q, K]`, a strided view of the product:
+    column j of query i is key position j (distance M + i - j). `relative_shift` pads the scores with a zero column
+    and re-views them; the zero row of the keys makes the product itself come out padded, so the shift is a view.
+    """
+    heads, rows, _ = position_query.shape
+    q_len, k_len = rows // batch, padded_rel_key.shape[1] - 1
+    padded = torch.bmm(position_query, padded_rel_key.transpose(1, 2))  # [H, B Q, K + 1], column 0 is zero
+    return padded.view(heads, batch, (k_len + 1) * q_len)[:, :, q_len:].view(heads, batch, q_len, k_len)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Attention
+
+
+def relative_attention_applies(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rel_key: torch.Tensor, dropout: float
+) -> bool:
+    """Whether `relative_attention` applies: float32 CPU training without attention dropout (SDPA draws that)."""
+    return dropout == 0.0 and float32_cpu_training(query, key, value, rel_key)
+
+
+class _RelativeAttentionFunction(torch.autograd.Function):
+    """Batched as H B matrices, head-major, so that the positional product of each head is written in a layout whose
+    shifted view is already `[H B, Q, K]`. Forward: one pass adds the mask to that view, the content product
+    accumulates into it (baddbmm), one softmax. Backward: the gradient of the scores is computed inside a padded
+    buffer, the transpose of the shift, where the positional products read it: one `[H B, Q, K]` temporary. q_p is
+    not kept: it is rebuilt from q_c, whose bias differs by v - u."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        content_query: torch.Tensor,  # [H B, Q, D], q + u
+        position_query: torch.Tensor,  # [H, B Q, D], (q + v) * scaling
+        key: torch.Tensor,  # [H B, K, D]
+        value: torch.Tensor,  # [H B, K, D]
+        padded_rel_key: torch.Tensor,  # [H, K + 1, D]
+        additive_mask: torch.Tensor | None,  # [Q, K] or [B, Q, K]: 0 or a large negative number
+        bias_shift: torch.Tensor,  # [H, D], v - u (no gradient: for rebuilding q_p in backward)
+        scaling: float,
+    ) -> torch.Tensor:
+        batch_heads, q_len, _ = content_query.shape
+        heads, k_len = padded_rel_key.shape[0], key.shape[1]
+        batch = batch_heads // heads
+        shifted = shifted_product(position_query, padded_rel_key, batch)  # [H, B, Q, K] view
+        scores = torch.empty(heads, batch, q_len, k_len, dtype=key.dtype, device=key.device)
+        if additive_mask is None:
+            scores.copy_(shifted)
+        else:
+            torch.add(shifted, additive_mask, out=scores)
+        del shifted
+        scores = scores.view(batch_heads, q_len, k_len).baddbmm_(content_query, key.transpose(1, 2), alpha=scaling)
+        probs = torch.softmax(scores, dim=-1)  # [H B, Q, K]
+        del scores
+        ctx.save_for_backward(content_query, key, value, padded_rel_key, bias_shift, probs)
+        ctx.scaling = scaling
+        return torch.bmm(probs, value)  # [H B, Q, D]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        content_query, key, value, padded_rel_key, bias_shift, probs = ctx.saved_tensors
+        batch_heads, q_len, k_len = probs.shape
+        heads, head_dim = padded_rel_key.shape[0], key.shape[2]
+        batch = batch_heads // heads
+        grad_output = grad_output.contiguous()
+        grad_value = torch.bmm(probs.transpose(1, 2), grad_output)  # [H B, K, D]
+        # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
+        grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
+        grad_padded[:, :, :q_len].zero_()
+        grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
+        grad_scores.baddbmm_(grad_output, value.transpose(1, 2), beta=0.0)  # d loss / d probs
+        row_dot = torch.linalg.vecdot(grad_scores, probs)  # [H B, Q]: the softmax backward, in place
+        grad_scores.sub_(row_dot[..., None]).mul_(probs)
+        grad_content_query = torch.bmm(grad_scores, key).mul_(ctx.scaling)
+        grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(ctx.scaling)
+        position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(ctx.scaling)
+        grad_padded = grad_padded.view(heads, batch * q_len, k_len + 1)
+        grad_position_query = torch.bmm(grad_padded, padded_rel_key)  # [H, B Q, D]
+        grad_padded_rel_key = torch.bmm(grad_padded.transpose(1, 2), position_query)  # [H, K + 1, D]
+        return grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key, None, None, None
+
+
+def relative_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scaling: float,
+) -> torch.Tensor:
+    """Relative attention without dropout, the contract of `modeling_txl.eager_relative_attention`: query
+    `[B, H, Q, D]`, key and value `[B, H, K, D]`, rel_key `[H, K, D]`, content_bias / position_bias (u, v) `[H, D]`,
+    mask `[Q, K]` or `[B, 1, Q, K]` (True = hidden) or None. Returns the output `[B, H, Q, D]`."""
+    batch, heads, q_len, head_dim = query.shape
+    k_len = key.shape[2]
+    by_head = query.transpose(0, 1)  # [H, B, Q, D]
+    content_query = (by_head + content_bias[:, None, None]).reshape(heads * batch, q_len, head_dim)
+    position_query = ((by_head + position_bias[:, None, None]) * scaling).reshape(heads, batch * q_len, head_dim)
+    key = key.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
+    value = value.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
+    additive_mask = None
+    if mask is not None:  # [Q, K] or [B, 1, Q, K] -> [Q, K] or [B, Q, K], broadcast over the heads
+        mask = mask if mask.dim() == 2 else mask[:, 0]
+        additive_mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
+        additive_mask.masked_fill_(mask, torch.finfo(query.dtype).min)
+    bias_shift = (position_bias - content_bias).detach()
+    output = _RelativeAttentionFunction.apply(
+        content_query, position_query, key, value, pad_relative_keys(rel_key), additive_mask, bias_shift, scaling
+    )
+    return output.view(heads, batch, q_len, head_dim).transpose(0, 1)  # [B, H, Q, D]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dropout
+
+
+class _Dropout(torch.autograd.Function):
+    """Inverted dropout keeping its bool mask for backward (what `F.dropout` keeps too)."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.rand_like(inputs) >= p  # each entry kept with probability 1 - p
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(keep)
+        return torch.mul(inputs, keep).mul_(ctx.scale)  # (a product by the bool mask: 2-3x faster than `where`)
+
+    @staticmethod
+    @once_differentiable  # a second derivative would raise, not come out wrong
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return torch.mul(grad_output, keep).mul_(ctx.scale), None
+
+
+class _ReluDropout(torch.autograd.Function):
+    """`dropout(relu(x))` keeping only its output for backward: where the output is 0, ReLU or dropout zeroed it and
+    the gradient is 0 either way; elsewhere it is `1 / (1 - p)`. The output (which the next linear layer keeps
+    anyway) replaces ReLU's saved output and dropout's mask: two `[B, Q, d_inner]` tensors fewer per layer."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
+        ctx.scale = 1.0 / (1.0 - p)
+        # The uniform draws become the output in place: 1.0 where kept, times the inputs, ReLU, scale.
+        output = torch.rand_like(inputs).ge_(p).mul_(inputs).relu_().mul_(ctx.scale)
+        ctx.save_for_backward(output)
+        return output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (output,) = ctx.saved_tensors
+        return torch.mul(grad_output, output > 0).mul_(ctx.scale), None
+
+
+def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
+    return training and p > 0.0 and torch.is_grad_enabled() and inputs.requires_grad
+
+
+def dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`F.dropout(inputs, p, training)`: the same distribution, a cheaper mask when a gradient flows."""
+    return _Dropout.apply(inputs, p) if _dropout_applies(inputs, p, training) else F.dropout(inputs, p, training)
+
+
+def relu_dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`F.dropout(F.relu(inputs), p, training)`, keeping only the output for backward when a gradient flows."""
+    if not _dropout_applies(inputs, p, training):
+        return F.dropout(F.relu(inputs), p, training)
+    return _ReluDropout.apply(inputs, p)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Adaptive softmax loss
+
+ClusterTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # weight [n_i, d_i], bias [n_i], proj [E, d_i]
+
+
+def adaptive_nll(
+    hidden_states: torch.Tensor,
+    targets: torch.Tensor,
+    clusters: Sequence[ClusterTensors],
+    bounds: Sequence[int],
+    *,
+    ignore_index: int = -100,
+    chunk_rows: int,
+) -> torch.Tensor:
+    """Negative log-likelihood `[N]` (0 where ignored) of `targets` `[N]` under an adaptive softmax, the contract of
+    `TxlAdaptiveLogSoftmax._nll`, with the gradients computed in the forward `chunk_rows` rows at a time.
+
+    `clusters[i]` holds the weight, bias and projection (or None) that give cluster i's logits from the hidden states
+    `[N, E]`: `(h @ projection) @ weight^T + bias`. Cluster 0, the head, scores token ids `[0, bounds[1])` and then
+    one logit per tail cluster; tail cluster i scores ids `[bounds[i], bounds[i + 1])`. Each cluster is a
+    cross-entropy (a tail token's head target is its cluster's logit) whose gradient with respect to its logits,
+    softmax - one-hot, is computed in place in the logits' buffer: no `[N, n_i]` tensor is kept for backward. What is
+    kept are the gradients of `nll.sum()`, scaled in backward when the incoming gradient is the same for every row (a
+    mean or a sum of the losses); any other incoming gradient (weighted losses) runs the chunks again with it as row
+    weights. The cluster tensors may be views, slices or concatenations of parameters, and share them (tied weights):
+    autograd takes their gradients back to the parameters.
+    """
+    flat = [tensor for cluster in clusters for tensor in cluster]
+    return _ChunkedAdaptiveNLL.apply(targets, ignore_index, chunk_rows, tuple(bounds), hidden_states, *flat)
+
+
+class _ChunkedAdaptiveNLL(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, targets, ignore_index, chunk_rows, bounds, hidden_states, *flat):
+        clusters = [tuple(flat[index : index + 3]) for index in range(0, len(flat), 3)]
+        nll, grads = _adaptive_nll_and_grads(hidden_states, targets, clusters, bounds, ignore_index, chunk_rows)
+        ctx.ignore_index, ctx.chunk_rows, ctx.bounds = ignore_index, chunk_rows, bounds
+        ctx.save_for_backward(hidden_states, targets, *flat, *grads)
+        ctx.num_flat = len(flat)
+        return nll  # [N]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden_states, targets, *rest = ctx.saved_tensors
+        flat, grads = rest[: ctx.num_flat], rest[ctx.num_flat :]
+        if torch.equal(grad_nll, grad_nll[:1].expand_as(grad_nll)):  # the usual case: one scale for every row
+            grads = [None if grad is None else grad * grad_nll[0] for grad in grads]  # not in place: retain_graph
+        else:
+            clusters = [tuple(flat[index : index + 3]) for index in range(0, len(flat), 3)]
+            _, grads = _adaptive_nll_and_grads(
+                hidden_states, targets, clusters, ctx.bounds, ctx.ignore_index, ctx.chunk_rows, grad_nll
+            )
+        return None, None, None, None, *grads
+
+
+def _adaptive_nll_and_grads(
+    hidden_states: torch.Tensor,
+    targets: torch.Tensor,
+    clusters: Sequence[ClusterTensors],
+    bounds: Sequence[int],
+    ignore_index: int,
+    chunk_rows: int,
+    grad_nll: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """The NLL `[N]` and the gradients of `(nll * grad_nll).sum()` (`nll.sum()` when None): hidden states first, then
+    each cluster tensor in `clusters`' order (None where a projection is None)."""
+    num_rows, shortlist_size, num_clusters = hidden_states.shape[0], bounds[1], len(clusters)
+    cluster_grads = [  # None where no gradient is wanted (a frozen output layer: fine-tuning with adapters)
+        [torch.zeros_like(tensor) if tensor is not None and tensor.requires_grad else None for tensor in cluster]
+        for cluster in clusters
+    ]
+    nll = torch.zeros(num_rows, dtype=torch.float32, device=hidden_states.device)
+    grad_hidden = torch.zeros_like(hidden_states)
+    valid = targets != ignore_index
+    row_weights = valid.to(hidden_states.dtype) if grad_nll is None else torch.where(valid, grad_nll, 0.0)
+    # The head's target: the token itself, or the logit of its tail cluster.
+    head_targets = torch.where(valid & (targets < shortlist_size), targets, 0)
+    for cluster in range(1, num_clusters):
+        in_cluster = (targets >= bounds[cluster]) & (targets < bounds[cluster + 1])
+        head_targets = torch.where(in_cluster, shortlist_size + cluster - 1, head_targets)
+
+    for start in range(0, num_rows, chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        nll[rows], grad_hidden[rows] = _cross_entropy_and_grads(
+            hidden_states[rows], head_targets[rows], row_weights[rows], clusters[0], cluster_grads[0]
+        )
+        chunk_targets = targets[rows]
+        for cluster in range(1, num_clusters):
+            low, high = bounds[cluster], bounds[cluster + 1]
+            cluster_rows = ((chunk_targets >= low) & (chunk_targets < high)).nonzero().squeeze(1) + start
+            if cluster_rows.numel() == 0:
+                continue
+            cluster_nll, cluster_grad = _cross_entropy_and_grads(
+                hidden_states[cluster_rows],
+                targets[cluster_rows] - low,
+                row_weights[cluster_rows],
+                clusters[cluster],
+                cluster_grads[cluster],
+            )
+            nll.index_add_(0, cluster_rows, cluster_nll)
+            grad_hidden.index_add_(0, cluster_rows, cluster_grad)
+    nll.masked_fill_(~valid, 0.0)
+    return nll, [grad_hidden, *(grad for grads in cluster_grads for grad in grads)]
+
+
+def _cross_entropy_and_grads(
+    hidden_states: torch.Tensor,  # [n, E]
+    targets: torch.Tensor,  # [n], indices into the cluster
+    row_weights: torch.Tensor,  # [n]
+    cluster: ClusterTensors,
+    cluster_grads: list,  # [weight, bias, projection] gradients of the cluster, added to in place
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy `[n]` of one cluster and the gradient of `sum(row_weights * cross-entropy)` for the hidden
+    states `[n, E]`; the cluster's own gradients are added to `cluster_grads`."""
+    weight, bias, projection = cluster
+    inputs = hidden_states if projection is None else hidden_states @ projection  # [n, d_i]
+    logits = F.linear(inputs, weight, bias)  # [n, n_i]
+    target_logits = logits.gather(1, targets[:, None]).squeeze(1)
+    row_max = logits.amax(dim=1)
+    exp_logits = logits.sub_(row_max[:, None]).exp_()  # in the logits' buffer, as everything below
+    row_sum = exp_logits.sum(dim=1)
+    cross_entropy = row_max + row_sum.log() - target_logits
+    grad_logits = exp_logits.mul_((row_weights / row_sum)[:, None])  # softmax, times the row weight
+    grad_logits.scatter_add_(1, targets[:, None], -row_weights[:, None])  # - one-hot, times the row weight
+    grad_weight, grad_bias, grad_projection = cluster_grads
+    if grad_weight is not None:
+        grad_weight.addmm_(grad_logits.T, inputs)  # [n_i, d_i]
+    if grad_bias is not None:
+        grad_bias.add_(grad_logits.sum(0))
+    grad_inputs = grad_logits @ weight  # [n, d_i]
+    if projection is None:
+        return cross_entropy, grad_inputs
+    if grad_projection is not None:
+        grad_projection.addmm_(hidden_states.T, grad_inputs)  # [E, d_i]
+    return cross_entropy, grad_inputs @ projection.T
