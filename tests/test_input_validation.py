@@ -977,8 +977,8 @@ CONFIG_CASES = [
         "cutoffs-int",
     ),
     config_case("div_val 0", {"div_val": 0}, "`div_val` must be an integer >= 1, got 0", "div-val"),
-    config_case("mem_len -1", {"mem_len": -1}, "`mem_len` must be a non-negative integer, got -1", "mem-len"),
-    config_case("mem_len 2.5", {"mem_len": 2.5}, "`mem_len` must be a non-negative integer, got 2.5", "mem-len-float"),
+    config_case("mem_len -1", {"mem_len": -1}, "`mem_len` must be an integer >= 0, got -1", "mem-len"),
+    config_case("mem_len 2.5", {"mem_len": 2.5}, "`mem_len` must be an integer >= 0, got 2.5", "mem-len-float"),
     config_case(
         "clamp_len 2.5",
         {"clamp_len": 2.5},
@@ -1528,7 +1528,7 @@ def test_publish_refuses_an_invalid_config(scripts, run_dir, capsys, record_prop
         publish_argv(run_dir),
         capsys,
         "is not a valid Transformer-XL config",
-        "`mem_len` must be a non-negative integer, got -1",
+        "`mem_len` must be an integer >= 0, got -1",
     )
 
 

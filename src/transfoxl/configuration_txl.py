@@ -14,29 +14,19 @@ unchanged, old key names and ignored keys included.
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from itertools import pairwise
 from typing import Any
 
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
+from .checks_txl import is_flag, is_integer, is_positive_number, require_integer
+
 logger = logging.get_logger(__name__)
 
 MEMORY_INIT_CHOICES = ("empty", "zeros")
 INIT_CHOICES = ("normal", "uniform")
 BOOLEAN_FIELDS = ("pre_lnorm", "same_length", "untie_r", "use_cache", "tie_word_embeddings")
-
-
-def _is_integer(value: Any) -> bool:
-    """An integer (numpy's included) that is not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_flag(value: Any) -> bool:
-    """A bool, or the 0 / 1 some JSON writers use; a string such as "no" would silently count as true."""
-    return isinstance(value, bool) or (_is_integer(value) and value in (0, 1))
 
 
 class TxlConfig(PreTrainedConfig):
@@ -169,7 +159,7 @@ class TxlConfig(PreTrainedConfig):
         legacy_options = _pop_legacy_options(kwargs)
         if tie_word_embeddings is None:
             tie_word_embeddings = legacy_options["tie_weight"]
-        if tie_word_embeddings is not None and not _is_flag(tie_word_embeddings):
+        if tie_word_embeddings is not None and not is_flag(tie_word_embeddings):
             raise ValueError(f"TxlConfig: `tie_word_embeddings` must be a bool, got {tie_word_embeddings!r}.")
 
         self.vocab_size = vocab_size
@@ -217,19 +207,10 @@ class TxlConfig(PreTrainedConfig):
     def validate(self) -> None:
         """Check every hyper-parameter; raise a `ValueError` naming the field, the value and what was expected."""
         for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TxlConfig: `{name}` must be an integer >= 1, got {value!r}.")
-        for name in ("mem_len", "tgt_len"):
-            value = getattr(self, name)
-            if value is None and name == "tgt_len":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"TxlConfig: `{name}` must be a non-negative integer, got {value!r}.")
-        if not isinstance(self.clamp_len, int) or isinstance(self.clamp_len, bool):
-            raise ValueError(
-                f"TxlConfig: `clamp_len` must be an integer (0 or less: no clamping), got {self.clamp_len!r}."
-            )
+            require_integer(getattr(self, name), f"TxlConfig: `{name}`", minimum=1)
+        require_integer(self.mem_len, "TxlConfig: `mem_len`", minimum=0)
+        require_integer(self.tgt_len, "TxlConfig: `tgt_len`", minimum=0, none_ok=True)
+        require_integer(self.clamp_len, "TxlConfig: `clamp_len`", note=" (0 or less: no clamping)")
 
         cutoffs = self.cutoffs
         _check_cutoffs(cutoffs)
@@ -250,7 +231,7 @@ class TxlConfig(PreTrainedConfig):
                 f"TxlConfig: d_embed={self.d_embed} with div_val={self.div_val} gives the last of {len(cutoffs) + 1} "
                 "clusters an embedding of width 0; lower `div_val` or raise `d_embed`."
             )
-        if not isinstance(self.tie_projs, list) or not all(_is_flag(tie) for tie in self.tie_projs):
+        if not isinstance(self.tie_projs, list) or not all(is_flag(tie) for tie in self.tie_projs):
             raise ValueError(
                 f"TxlConfig: `tie_projs` must be a list of bools (one per cluster), got {self.tie_projs!r}."
             )
@@ -269,20 +250,19 @@ class TxlConfig(PreTrainedConfig):
             )
         if self.init not in INIT_CHOICES:
             raise ValueError(f"TxlConfig: `init` must be one of {INIT_CHOICES}, got {self.init!r}.")
-        if not _is_positive_number(self.layer_norm_epsilon):
+        if not is_positive_number(self.layer_norm_epsilon):
             raise ValueError(f"TxlConfig: `layer_norm_epsilon` must be > 0, got {self.layer_norm_epsilon!r}.")
         for name in ("init_std", "init_range", "proj_init_std"):
             value = getattr(self, name)
-            if not (_is_positive_number(value) or value == 0) or isinstance(value, bool):
+            if not (is_positive_number(value) or value == 0) or isinstance(value, bool):
                 raise ValueError(
                     f"TxlConfig: `{name}` must be a number >= 0 (a spread of initial weights), got {value!r}."
                 )
         for name in BOOLEAN_FIELDS:
             value = getattr(self, name)
-            if not _is_flag(value):
+            if not is_flag(value):
                 raise ValueError(f"TxlConfig: `{name}` must be a bool, got {value!r}.")
-        if not _is_integer(self.num_labels) or self.num_labels < 1:
-            raise ValueError(f"TxlConfig: `num_labels` must be an integer >= 1, got {self.num_labels!r}.")
+        require_integer(self.num_labels, "TxlConfig: `num_labels`", minimum=1)
         for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
@@ -358,12 +338,8 @@ def _is_sequence(value: Any) -> bool:
     return value is not None and not isinstance(value, (str, bytes, dict)) and hasattr(value, "__iter__")
 
 
-def _is_positive_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def _check_cutoffs(cutoffs: Any) -> None:
-    if not isinstance(cutoffs, list) or not all(_is_integer(cutoff) for cutoff in cutoffs):
+    if not isinstance(cutoffs, list) or not all(is_integer(cutoff) for cutoff in cutoffs):
         raise ValueError(
             f"TxlConfig: `cutoffs` must be a list of integer token ids (cluster boundaries, [] for one softmax), got "
             f"{cutoffs!r}."

@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .checks_txl import require_integer, token_id_outside
 from .configuration_txl import MEMORY_INIT_CHOICES
 from .data import StreamBatcher
-from .modeling_txl import TxlMemory, token_id_outside
+from .modeling_txl import TxlMemory
 
 __all__ = ["StreamEvaluation", "evaluate_stream", "evaluation_settings", "is_character_level"]
 
@@ -102,8 +103,7 @@ def evaluation_settings(
     names = ("clamp_len", "same_length", "memory_init")
     saved = {name: getattr(config, name) for name in names}
     if clamp_len is not None:
-        if not isinstance(clamp_len, int) or isinstance(clamp_len, bool):
-            raise ValueError(f"clamp_len must be an integer (<= 0: no clamping), got {clamp_len!r}.")
+        require_integer(clamp_len, "clamp_len", note=" (<= 0: no clamping)")
         config.clamp_len = clamp_len
     if same_length is not None:
         if not isinstance(same_length, bool):
@@ -144,12 +144,8 @@ def evaluate_stream(
     processes each returns the sums of its own columns: add them (`StreamEvaluation.merge`, or an all-reduce).
     A `StreamBatcher` may be passed instead of a stream: it is read from its first segment, its position unchanged.
     """
-    if not isinstance(mem_len, int) or isinstance(mem_len, bool) or mem_len < 0:
-        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}.")
-    if max_segments is not None and (not isinstance(max_segments, int) or isinstance(max_segments, bool)):
-        raise ValueError(f"max_segments must be an integer >= 1 or None, got {max_segments!r}.")
-    if max_segments is not None and max_segments < 1:
-        raise ValueError(f"max_segments must be >= 1 or None, got {max_segments!r}.")
+    require_integer(mem_len, "mem_len", minimum=0)
+    require_integer(max_segments, "max_segments", minimum=1, none_ok=True)
     if stream is None or isinstance(stream, (str, bytes)):
         raise TypeError(
             "evaluate_stream: `stream` must be token ids (a 1-D tensor or a list of ints) or a StreamBatcher, got "

@@ -48,6 +48,21 @@ from transformers.utils import logging
 
 # Relative imports: right both inside this package and in a model folder loaded with trust_remote_code (which copies
 # the files a model file imports relatively).
+from .checks_txl import (
+    check_attention_mask,
+    check_class_labels,
+    check_generation_settings,
+    check_input_ids,
+    check_inputs_embeds,
+    check_label_tensor,
+    check_memory_fits,
+    check_num_items,
+    check_prompt,
+    check_targets,
+    reject_unknown_arguments,
+    require_integer,
+    token_id_outside,
+)
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .kernels_txl import (
     adaptive_nll,
@@ -496,17 +511,6 @@ def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch
         return query @ rel_key.transpose(-1, -2)
     by_head = query.transpose(0, 1).reshape(heads, batch * q_len, head_dim)  # [H, B Q, D]
     return shifted_product(by_head, pad_relative_keys(rel_key), batch).transpose(0, 1)
-
-
-def token_id_outside(ids: torch.Tensor, vocab_size: int) -> int | None:
-    """A token id of `ids` outside `[0, vocab_size)` (the lowest if negative, else the highest), or None.
-
-    Reads two numbers back to the host: a synchronisation on accelerators.
-    """
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0:
-        return low
-    return high if high >= vocab_size else None
 
 
 def causal_memory_mask(
@@ -979,17 +983,6 @@ class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
     losses: torch.Tensor | None = None
 
 
-def _reject_unknown_arguments(kwargs: dict) -> None:
-    """A misspelt or v4-only argument must not be dropped silently (v4's `mems=` would lose the memory)."""
-    if "mems" in kwargs:
-        raise TypeError(
-            "`mems` is transformers v4's name: pass the memory as past_key_values=TxlMemory (convert a v4 list of "
-            "[mem_len, batch, d_model] tensors with TxlMemory.from_legacy(mems))."
-        )
-    if kwargs:
-        raise TypeError(f"Unexpected arguments for a Transformer-XL forward: {sorted(kwargs)}.")
-
-
 class TxlPreTrainedModel(PreTrainedModel):
     config_class = TxlConfig
     base_model_prefix = "transformer"
@@ -1149,75 +1142,6 @@ class TxlModel(TxlPreTrainedModel):
     def set_input_embeddings(self, value: TxlAdaptiveEmbedding) -> None:
         self.word_embeddings = value
 
-    def _check_input_ids(self, input_ids: torch.Tensor, synchronize: bool = False) -> None:
-        """Shape, dtype and range of token ids. The range is checked on the host on CPU, or anywhere with
-        `synchronize` (generate() checks its prompt once that way); otherwise, and inside torch.compile (where
-        `int(tensor)` would break the graph), by an assert that runs with the kernels, without a synchronisation."""
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(
-                f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__}; "
-                "e.g. torch.tensor([[1, 2, 3]]) or tokenizer(text, return_tensors='pt').input_ids."
-            )
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}.")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must hold integer token ids (int64), got dtype {input_ids.dtype}.")
-        if input_ids.numel() == 0:
-            raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); pass at least one token.")
-        vocab_size = self.config.vocab_size
-        if (synchronize or input_ids.device.type == "cpu") and not torch.compiler.is_compiling():
-            bad = token_id_outside(input_ids, vocab_size)
-            if bad is not None:
-                raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary [0, {vocab_size}).")
-        else:
-            torch._assert_async(
-                ((input_ids >= 0) & (input_ids < vocab_size)).all(),
-                f"input_ids contains a token id outside the vocabulary [0, {vocab_size}).",
-            )
-
-    def _check_inputs_embeds(self, inputs_embeds: torch.Tensor) -> None:
-        if not isinstance(inputs_embeds, torch.Tensor) or not inputs_embeds.is_floating_point():
-            what = inputs_embeds.dtype if isinstance(inputs_embeds, torch.Tensor) else type(inputs_embeds).__name__
-            raise TypeError(f"inputs_embeds must be a floating-point torch.Tensor, got {what}.")
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model:
-            raise ValueError(
-                f"inputs_embeds must be [batch, seq_len, {self.config.d_model}], got {tuple(inputs_embeds.shape)}."
-            )
-        if inputs_embeds.numel() == 0:
-            raise ValueError(
-                f"inputs_embeds is empty (shape {tuple(inputs_embeds.shape)}); pass at least one position."
-            )
-        # Under autocast the matrix products cast for themselves; otherwise a mismatch fails deep in a layer.
-        if inputs_embeds.dtype != self.dtype and not torch.is_autocast_enabled(inputs_embeds.device.type):
-            raise ValueError(
-                f"inputs_embeds has dtype {inputs_embeds.dtype}, the model's weights {self.dtype}: convert it with "
-                "inputs_embeds.to(model.dtype), or run under torch.autocast."
-            )
-
-    @staticmethod
-    def _check_attention_mask(attention_mask: torch.Tensor, batch: int, q_len: int) -> None:
-        if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(
-                f"attention_mask must be a torch.Tensor [batch, seq_len] of 1 (token) and 0 (padding), got "
-                f"{type(attention_mask).__name__}."
-            )
-        if tuple(attention_mask.shape) != (batch, q_len):
-            raise ValueError(
-                f"attention_mask must be [batch, seq_len] = {(batch, q_len)} like the input, got "
-                f"{tuple(attention_mask.shape)}. The memory remembers its own padding: pass the mask of the new "
-                "tokens only."
-            )
-        # Anything but 0 would count as a token: a float or additive (-inf) mask would silently hide no padding.
-        # (Checked on the host on CPU only, as input_ids are.)
-        checkable = attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
-        if checkable and attention_mask.dtype != torch.bool:
-            invalid = (attention_mask != 0) & (attention_mask != 1)
-            if bool(invalid.any()):
-                raise ValueError(
-                    f"attention_mask must hold 1 (token) or 0 (padding), got the value "
-                    f"{attention_mask[invalid][0].item()!r}."
-                )
-
     def _prepare_memory(
         self, past_key_values: Cache | None, batch: int, hidden_states: torch.Tensor, use_cache: bool
     ) -> TxlMemory | None:
@@ -1235,25 +1159,8 @@ class TxlModel(TxlPreTrainedModel):
         if len(memory.layers) != self.config.n_layer:
             raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {self.config.n_layer}.")
         if memory.get_seq_length() > 0:
-            held = memory.get_memory(0)  # [B, M, E]
-            mem_batch, _, mem_width = held.shape
-            if mem_batch != batch or mem_width != self.config.d_model:
-                raise ValueError(
-                    f"The memory holds batch {mem_batch} x width {mem_width}; the input needs batch {batch} x width "
-                    f"{self.config.d_model}. Pass the memory returned for this same stream (or reset it)."
-                )
             # Layer 0 only: with a device map, later layers' memories live on their own layers' devices.
-            if held.device != hidden_states.device:
-                raise ValueError(
-                    f"The memory is on device {held.device}; the input is on {hidden_states.device}. A memory "
-                    "stays on the device that built it: continue the stream there, or reset the memory."
-                )
-            # Under autocast the layers' inputs may legitimately be in another precision than the memory's.
-            if held.dtype != hidden_states.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
-                raise ValueError(
-                    f"The memory holds {held.dtype} hidden states; this forward's are {hidden_states.dtype}. Pass a "
-                    "memory built by this model in its current dtype (convert the model back, or reset the memory)."
-                )
+            check_memory_fits(memory.get_memory(0), hidden_states, self.config.d_model)
         elif self.config.memory_init == "zeros" and memory.mem_len > 0:
             # v4 behaviour: a new stream starts with mem_len zero vectors that the first segment attends to.
             zeros = hidden_states.new_zeros(batch, memory.mem_len, self.config.d_model)
@@ -1319,7 +1226,7 @@ class TxlModel(TxlPreTrainedModel):
             use_cache (`bool`, *optional*, defaults to `config.use_cache`):
                 Update the memory with this segment and return it as `past_key_values`.
         """
-        _reject_unknown_arguments(kwargs)
+        reject_unknown_arguments(kwargs)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -1330,14 +1237,14 @@ class TxlModel(TxlPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if input_ids is not None:
-            self._check_input_ids(input_ids)
+            check_input_ids(input_ids, self.config.vocab_size)
             inputs_embeds = self.word_embeddings(input_ids)  # [B, Q, E]
         else:
-            self._check_inputs_embeds(inputs_embeds)
+            check_inputs_embeds(inputs_embeds, self.config.d_model, self.dtype)
         batch, q_len, _ = inputs_embeds.shape
         segment_padding = None
         if attention_mask is not None:
-            self._check_attention_mask(attention_mask, batch, q_len)
+            check_attention_mask(attention_mask, batch, q_len)
             segment_padding = attention_mask.to(inputs_embeds.device) == 0  # [B, Q]
 
         memory = self._prepare_memory(past_key_values, batch, inputs_embeds, use_cache)
@@ -1477,13 +1384,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         """
         shift_labels = kwargs.pop("shift_labels", None)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        _reject_unknown_arguments(kwargs)
+        reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
             raise ValueError("Pass either labels (shifted inside) or shift_labels (pre-aligned), not both.")
-        if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be an integer >= 0 (0: every position), got {logits_to_keep!r}.")
-        self._check_num_items(num_items_in_batch)
+        require_integer(logits_to_keep, "logits_to_keep", minimum=0, note=" (0: every position)")
+        check_num_items(num_items_in_batch)
         outputs = self.transformer(
             input_ids=input_ids,
             past_key_values=past_key_values,
@@ -1500,7 +1406,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         loss = losses = None
         targets = self._aligned_targets(labels, shift_labels, batch, q_len)
         if targets is not None:
-            self._check_targets(targets, allow_all_ignored=num_items_in_batch is not None, shifted=labels is not None)
+            check_targets(
+                targets,
+                self.config.vocab_size,
+                allow_all_ignored=num_items_in_batch is not None,
+                shifted=labels is not None,
+            )
             losses = self.adaptive_softmax.nll(hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1))
             losses = losses.view(batch, q_len)
             loss = self._reduce_loss(losses, targets, num_items_in_batch)
@@ -1530,45 +1441,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         given = labels if labels is not None else shift_labels
         if given is None:
             return None
-        name = "labels" if labels is not None else "shift_labels"
-        if not isinstance(given, torch.Tensor):
-            raise TypeError(
-                f"{name} must be a torch.Tensor [batch, seq_len] of token ids (-100: ignored), got "
-                f"{type(given).__name__}."
-            )
-        if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integer token ids (-100: ignored), got dtype {given.dtype}.")
-        if tuple(given.shape) != (batch, q_len):
-            raise ValueError(f"{name} must have the input's shape {(batch, q_len)}, got {tuple(given.shape)}.")
+        check_label_tensor(given, "labels" if labels is not None else "shift_labels", batch, q_len)
         return shift_labels if labels is None else F.pad(labels[:, 1:], (0, 1), value=-100)  # t predicts t + 1
-
-    def _check_targets(self, targets: torch.Tensor, allow_all_ignored: bool, shifted: bool = False) -> None:
-        """Targets must be token ids or -100; anything else would silently add a loss of 0."""
-        vocab_size = self.config.vocab_size
-        invalid = (targets != -100) & ((targets < 0) | (targets >= vocab_size))
-        if targets.device.type == "cpu" and not torch.compiler.is_compiling():
-            if bool(invalid.any()):
-                bad = int(targets[invalid][0])
-                raise ValueError(f"Target {bad} is neither a token id in [0, {vocab_size}) nor -100 (ignored).")
-            if not allow_all_ignored and not bool((targets != -100).any()):
-                hint = ""
-                if shifted and targets.shape[1] == 1:  # the only position predicts labels[:, 1], which is absent
-                    hint = " With labels (shifted inside) a 1-token segment has no target: pass shift_labels."
-                raise ValueError(f"Every target is -100 (ignored): there is nothing to compute a loss on.{hint}")
-        else:  # no host synchronisation on accelerators
-            torch._assert_async(~invalid.any(), f"a target is neither a token id in [0, {vocab_size}) nor -100.")
-
-    @staticmethod
-    def _check_num_items(num_items_in_batch: int | torch.Tensor | None) -> None:
-        """A count of 0 (or less) would turn the loss into inf or nan; checked when it is on the host."""
-        count = num_items_in_batch
-        if isinstance(count, torch.Tensor) and count.numel() == 1 and count.device.type == "cpu":
-            count = count.item()
-        if isinstance(count, (int, float)) and not count > 0:
-            raise ValueError(
-                f"num_items_in_batch must be > 0 (the number of targets the summed loss is divided by), got "
-                f"{num_items_in_batch!r}."
-            )
 
     @staticmethod
     def _reduce_loss(
@@ -1655,72 +1529,14 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         stop (an end-of-sequence id the model cannot produce)."""
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
         if prompt is not None:
-            self._check_prompt(prompt)
-            attention_mask = kwargs.get("attention_mask")
-            # transformers drops an all-ones mask without looking at its shape; a longer mask may also cover tokens
-            # already in the memory (only the prompt's columns are used).
-            if isinstance(attention_mask, torch.Tensor) and (
-                attention_mask.dim() != 2
-                or attention_mask.shape[0] != prompt.shape[0]
-                or attention_mask.shape[1] < prompt.shape[1]
-            ):
-                raise ValueError(
-                    f"attention_mask must be [batch, seq_len] and cover the prompt {tuple(prompt.shape)}, got "
-                    f"{tuple(attention_mask.shape)}."
-                )
-        generation_config = args[0] if args else kwargs.get("generation_config")
-        self._check_generation_settings(generation_config or self.generation_config, kwargs)
-        return super().generate(inputs, *args, **kwargs)
+            check_prompt(prompt, self.config.vocab_size, kwargs.get("attention_mask"))
+        generation_config = (args[0] if args else kwargs.get("generation_config")) or self.generation_config
 
-    def _check_prompt(self, prompt: torch.Tensor) -> None:
-        if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[1] == 0:
-            raise ValueError(
-                f"generate() got an empty prompt (input_ids of shape {tuple(prompt.shape)}): pass at least one token. "
-                "To continue from a memory, pass the last token not yet fed to it (TxlStream keeps it back for you)."
-            )
-        self.transformer._check_input_ids(prompt, synchronize=True)  # one synchronisation per call, not per step
-
-    def _check_generation_settings(self, generation_config, kwargs: dict) -> None:
         def setting(name: str):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
-        # Speculative decoding drafts several tokens and rolls the cache back to the last accepted one; the memory's
-        # oldest states fall off when new ones enter, so it cannot roll back (and transformers would fail deep inside).
-        for name in ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp"):
-            value = setting(name)
-            if value is not None and value is not False:
-                raise ValueError(
-                    f"generate({name}=...): assisted, prompt-lookup and other speculative decoding are not supported "
-                    "by Transformer-XL. They roll the cache back to the last accepted token, and the memory cannot "
-                    "return to an earlier state (the states that left it are gone). Generate without it."
-                )
-        cache_implementation = setting("cache_implementation")
-        if cache_implementation is not None:
-            raise ValueError(
-                f"generate(cache_implementation={cache_implementation!r}) cannot be honoured: Transformer-XL's cache "
-                "is its memory of hidden states (TxlMemory, created by generate() or passed as past_key_values), "
-                "not a key/value cache. Leave cache_implementation unset."
-            )
-        for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
-            value = setting(name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")
-        vocab_size = self.config.vocab_size
-        for name in ("eos_token_id", "pad_token_id"):
-            value = setting(name)
-            if value is None:
-                continue
-            ids = value.flatten().tolist() if isinstance(value, torch.Tensor) else value
-            for token_id in ids if isinstance(ids, (list, tuple)) else [ids]:
-                if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < vocab_size:
-                    raise ValueError(
-                        f"{name}={value!r}: {token_id!r} is not a token id of this model, [0, {vocab_size}). "
-                        + (
-                            "Generation would never stop on it."
-                            if name == "eos_token_id"
-                            else "Finished sequences would be padded with it."
-                        )
-                    )
+        check_generation_settings(setting, self.config.vocab_size)
+        return super().generate(inputs, *args, **kwargs)
 
 
 class TxlForSequenceClassification(TxlPreTrainedModel):
@@ -1758,7 +1574,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
                 Accepted and not used, as in transformers' classification heads: the loss is a mean over the batch.
         """
         kwargs.pop("num_items_in_batch", None)
-        _reject_unknown_arguments(kwargs)
+        reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
             input_ids=input_ids,
@@ -1786,7 +1602,8 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
 
         loss = None
         if labels is not None:
-            self._check_class_labels(labels, batch)
+            single_label = self.config.problem_type in (None, "single_label_classification")
+            check_class_labels(labels, batch, self.config.num_labels, single_label=single_label)
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
         output = SequenceClassifierOutputWithPast(
             loss=loss,
@@ -1796,27 +1613,6 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
-
-    def _check_class_labels(self, labels: torch.Tensor, batch: int) -> None:
-        """Class ids must be one per sequence and in range: torch's cross-entropy would raise an IndexError (or
-        assert on an accelerator) without naming num_labels."""
-        if not isinstance(labels, torch.Tensor):
-            raise TypeError(f"labels must be a torch.Tensor of class ids [batch], got {type(labels).__name__}.")
-        num_labels = self.config.num_labels
-        single_label = self.config.problem_type in (None, "single_label_classification")
-        if labels.is_floating_point() or labels.dtype == torch.bool or num_labels == 1 or not single_label:
-            return  # regression or multi-label targets: transformers' loss checks their shapes
-        if labels.numel() != batch:
-            raise ValueError(
-                f"labels must hold one class id per sequence, [{batch}], got shape {tuple(labels.shape)}."
-            )
-        if labels.device.type == "cpu" and not torch.compiler.is_compiling():
-            invalid = (labels != -100) & ((labels < 0) | (labels >= num_labels))
-            if bool(invalid.any()):
-                raise ValueError(
-                    f"labels contains class {int(labels[invalid][0])}, outside [0, num_labels={num_labels}) "
-                    "(-100: ignored)."
-                )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

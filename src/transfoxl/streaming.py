@@ -8,13 +8,13 @@ generate() returns. The stream keeps such tokens as `pending` and feeds them fir
 from __future__ import annotations
 
 import copy
-import numbers
 from collections.abc import Iterable, Iterator
 
 import torch
 from tqdm.auto import tqdm
 
-from .modeling_txl import TxlForCausalLM, TxlMemory, token_id_outside
+from .checks_txl import is_integer, require_integer, token_id_outside
+from .modeling_txl import TxlForCausalLM, TxlMemory
 
 
 class TxlStream:
@@ -56,8 +56,8 @@ class TxlStream:
             ("segment_len", segment_len, 1),
             ("mem_len", mem_len, 0),
         ):
-            if value is not None and (not _is_integer(value) or value < least):
-                raise ValueError(f"TxlStream: {name} must be an integer >= {least}, got {value!r}.")
+            if value is not None:  # None: mem_len's default
+                require_integer(value, f"TxlStream: {name}", minimum=least)
         self.model, self.batch_size, self.segment_len, self.progress = model, batch_size, segment_len, progress
         self.memory = TxlMemory.from_config(config, mem_len)
         self.device = next(model.parameters()).device
@@ -136,7 +136,7 @@ class TxlStream:
             )
         buffer: list[int] = []
         for item in tokens:
-            if _is_integer(item):  # an iterator of single ids: group them to avoid one forward per id
+            if is_integer(item):  # an iterator of single ids: group them to avoid one forward per id
                 buffer.append(int(item))
                 if len(buffer) == self.segment_len:
                     yield self._as_batch(torch.tensor(buffer))
@@ -174,8 +174,3 @@ class TxlStream:
         if isinstance(tokens, torch.Tensor):
             return tokens.shape[-1]
         return len(tokens) if isinstance(tokens, (list, tuple)) and all(isinstance(t, int) for t in tokens) else None
-
-
-def _is_integer(value: object) -> bool:
-    """An integer (numpy's included) that is not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
