@@ -44,7 +44,7 @@ import transformers
 
 from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, TxlStream
 from transfoxl.evaluation import evaluate_stream
-from transfoxl.modeling_txl import TxlMemoryLayer
+from transfoxl.memory_txl import TxlMemoryLayer
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = dict(

@@ -1,0 +1,411 @@
+"""The Transformer-XL memory (Dai et al., 2019, Sec. 3.2), kept as transformers' `past_key_values` cache.
+
+Per layer, `TxlMemory` keeps the hidden states that entered the layer over the latest `mem_len` positions of the
+stream, detached (no gradient flows into earlier segments); `modeling_txl.py` attends to them and updates them. In
+inference each layer's memory also keeps the keys and values it projected from them, so decoding a token projects
+only that token. `SlidingWindow` is the storage both use: appending writes into free room instead of copying.
+
+This file imports torch and transformers alone: `save_pretrained` copies it into a model folder beside
+`modeling_txl.py`. Shapes: B batch, M memory length, Q segment length, E width, H heads, D head width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.utils._pytree as pytree
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+if TYPE_CHECKING:
+    from .configuration_txl import TxlConfig
+
+
+class SlidingWindow:
+    """The last `max_len` entries of a sequence that grows along dimension `dim`, stored with room to append.
+
+    Appending writes into the free room after the kept entries, so decoding one token does not copy the whole
+    memory; when the room runs out, the kept entries move once to a new buffer with `room` free entries again.
+    Entries already written are never overwritten, so views handed out stay valid.
+    """
+
+    def __init__(self, dim: int, max_len: int, room: int = 64) -> None:
+        self.dim, self.max_len, self.room = dim, max_len, room
+        self.buffer: torch.Tensor | None = None
+        self.start = self.end = 0
+
+    @property
+    def value(self) -> torch.Tensor | None:
+        """The kept entries (a view), or None when empty."""
+        if self.buffer is None or self.end == self.start:
+            return None
+        return self.buffer.narrow(self.dim, self.start, self.end - self.start)
+
+    def replace(self, tensor: torch.Tensor | None) -> None:
+        """Keep exactly `tensor` (its last `max_len` entries), or nothing."""
+        if tensor is not None and tensor.shape[self.dim] > self.max_len:
+            tensor = tensor.narrow(self.dim, tensor.shape[self.dim] - self.max_len, self.max_len)
+        self.buffer, self.start = tensor, 0
+        self.end = 0 if tensor is None else tensor.shape[self.dim]
+
+    def append(self, new: torch.Tensor) -> torch.Tensor:
+        """Append `new`; return a view of the kept entries followed by `new`, then keep only the last `max_len`."""
+        count = new.shape[self.dim]
+        kept = self.value
+        # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
+        # forbids writing into it: use a new buffer then. Inference writes in place, except into a buffer made under
+        # torch.inference_mode() when that mode is off (torch forbids it).
+        in_place = (
+            not torch.is_grad_enabled()
+            and self.buffer is not None
+            and self.buffer.dtype == new.dtype
+            and (torch.is_inference_mode_enabled() or not self.buffer.is_inference())
+        )
+        if not in_place or self.end + count > self.buffer.shape[self.dim]:
+            kept_len = 0 if kept is None else kept.shape[self.dim]
+            shape = list(new.shape)
+            shape[self.dim] = kept_len + count + self.room
+            buffer = new.new_empty(shape)
+            if kept is not None:
+                buffer.narrow(self.dim, 0, kept_len).copy_(kept)
+            self.buffer, self.start, self.end = buffer, 0, kept_len
+        self.buffer.narrow(self.dim, self.end, count).copy_(new)
+        self.end += count
+        full = self.buffer.narrow(self.dim, self.start, self.end - self.start)
+        self.start = max(self.start, self.end - self.max_len)
+        return full
+
+    def extend(self, new: torch.Tensor) -> None:
+        """`append` without handing anything out. With gradients on, the kept entries go into a new buffer of
+        exactly their size (autograd may hold views of the old one), so that the memory carried from one training
+        step to the next holds nothing but itself."""
+        if not torch.is_grad_enabled():
+            self.append(new)
+            return
+        kept = self.value
+        take_new = min(new.shape[self.dim], self.max_len)
+        take_kept = 0 if kept is None else min(kept.shape[self.dim], self.max_len - take_new)
+        pieces = [new.narrow(self.dim, new.shape[self.dim] - take_new, take_new)]
+        if take_kept > 0:
+            pieces.insert(0, kept.narrow(self.dim, kept.shape[self.dim] - take_kept, take_kept))
+        self.buffer = torch.cat(pieces, dim=self.dim)  # a copy even of one piece: never a view of the caller's tensor
+        self.start, self.end = 0, take_kept + take_new
+
+    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the kept entries by `function(kept)` (a batch operation: reorder, repeat, select, move)."""
+        kept = self.value
+        self.replace(None if kept is None else function(kept))
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """What one layer reads of the memory for one segment: the hidden states `[B, M, E]` (None while empty) and, in
+    inference, the layer's memory itself, which keeps the keys and values of those positions. A fixed value, so that
+    a checkpointed layer recomputed in backward sees the memory it saw in forward (the memory moves on after it)."""
+
+    hidden: torch.Tensor | None
+    projection_store: TxlMemoryLayer | None = None
+
+
+class TxlMemoryLayer(CacheLayerMixin):
+    """The memory of one layer: the last `mem_len` hidden states that entered the layer, `[B, M, E]`, detached.
+
+    During inference (eval mode, no grad) it also keeps the layer's projected keys and values of those positions,
+    `[B, H, M, D]`, so that decoding a token neither projects nor copies the whole memory. They are tagged with the
+    version of the weights that made them and are not used (the hidden states are projected again) once those
+    weights change.
+    """
+
+    is_compileable = False
+    is_croppable = False  # states that fell off the front of the memory cannot be brought back
+    is_sliding = False
+
+    def __init__(self, mem_len: int) -> None:
+        super().__init__()
+        self.mem_len = mem_len
+        self._hidden = SlidingWindow(dim=1, max_len=mem_len)  # [B, M, E]
+        self._keys = SlidingWindow(dim=2, max_len=mem_len)  # [B, H, M, D], inference only
+        self._values = SlidingWindow(dim=2, max_len=mem_len)
+        self.projection_version: tuple | None = None  # the weights that made _keys / _values
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """`[B, M, E]`, or None while the memory is empty."""
+        return self._hidden.value
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | None:
+        """Append this layer's input for a segment, `[B, Q, E]`; keep the last `mem_len` positions."""
+        if not self.is_initialized:
+            self.lazy_initialization(hidden_states)
+        if self.mem_len > 0:
+            self._hidden.extend(hidden_states.detach() if hidden_states.requires_grad else hidden_states)
+        return self.hidden
+
+    def read(self, keep_projections: bool) -> LayerMemory:
+        """This layer's memory for the next segment (with its kept projections in inference)."""
+        return LayerMemory(self.hidden, self if keep_projections else None)
+
+    def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The kept keys and values `[B, H, M, D]` if weights `projection_version` made them, else None."""
+        if self.projection_version != projection_version or self._keys.value is None:
+            return None
+        if self._keys.value.shape[2] != self.get_seq_length():  # the hidden states moved on without them
+            return None
+        return self._keys.value, self._values.value
+
+    def store_projections(self, keys: torch.Tensor, values: torch.Tensor, projection_version: tuple | None) -> None:
+        """Keep the projections `[B, H, M + Q, D]` of the memory and a new segment (their last `mem_len`)."""
+        if projection_version is None or self.mem_len == 0:
+            self.drop_projections()
+            return
+        self._keys.replace(keys.detach())
+        self._values.replace(values.detach())
+        self.projection_version = projection_version
+
+    def append_projections(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append a segment's keys and values `[B, H, Q, D]`; return memory's and segment's, `[B, H, M + Q, D]`."""
+        return self._keys.append(keys.detach()), self._values.append(values.detach())
+
+    def drop_projections(self) -> None:
+        self._keys.replace(None)
+        self._values.replace(None)
+        self.projection_version = None
+
+    def get_seq_length(self) -> int:
+        hidden = self.hidden
+        return 0 if hidden is None else hidden.shape[1]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.mem_len
+
+    def reset(self) -> None:
+        """Forget everything: the next segment starts a new stream."""
+        self._hidden.replace(None)
+        self.drop_projections()
+
+    def _apply(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply a batch operation to every tensor held."""
+        for window in (self._hidden, self._keys, self._values):
+            window.map(function)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply(lambda tensor: tensor.index_select(0, beam_idx.to(tensor.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply(lambda tensor: tensor.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply(lambda tensor: tensor[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove != 0:
+            raise ValueError(
+                "TxlMemory cannot be cropped: the memory keeps only the last mem_len hidden states, so the states "
+                "that a rollback would need are gone. Assisted decoding and other rollbacks are not supported."
+            )
+
+    def offload(self) -> None:
+        self._apply(lambda tensor: tensor.to("cpu", non_blocking=True))
+
+    def prefetch(self) -> None:
+        hidden = self.hidden
+        if hidden is not None and hidden.device != self.device:
+            self._apply(lambda tensor: tensor.to(self.device, non_blocking=True))
+
+    @property
+    def batch_size(self) -> int:
+        hidden = self.hidden
+        return -1 if hidden is None else hidden.shape[0]
+
+
+class TxlMemory(Cache):
+    """Transformer-XL memory, passed to the model as `past_key_values` and returned in its output.
+
+    Contract:
+    - Per layer it stores the hidden states that *entered* that layer over the latest positions of the stream:
+      `memory.layers[i].hidden` is `[B, M, E]` with `M <= mem_len` (or `None` while empty). Training and the paper use
+      only these: each forward projects them again with the layer's current weights. In inference (eval mode, no grad)
+      the layers also keep their projected keys and values `[B, H, M, D]`, so decoding a token costs O(M) attention
+      instead of re-projecting the memory; the outputs are the same.
+    - `padding` `[B, M]` (bool, True = the position was padding, or `None` when nothing was ever padded) is shared by
+      the layers; padded positions are never attended to, in the segment or later from the memory.
+    - Everything it holds is detached: gradients never flow into earlier segments (truncated back-propagation).
+    - A forward with `use_cache=True` (and `generate()`) updates it **in place** and returns the same object: after a
+      segment of Q tokens it holds the last `min(M + Q, mem_len)` positions. Older states fall off the front and cannot
+      come back, so `crop` refuses to remove anything.
+    - An empty memory (`M = 0`) starts a new stream; `reset()` empties it. `mem_len = 0` keeps nothing.
+    - Batch operations for generation (`reorder_cache` for beam search, `batch_repeat_interleave`,
+      `batch_select_indices`) apply to every tensor it holds.
+
+    `TxlMemory.from_legacy(mems)` and `to_legacy()` convert to and from transformers v4's `mems`
+    (a list of `[M, B, E]` tensors, one per layer).
+    """
+
+    def __init__(self, num_layers: int, mem_len: int) -> None:
+        integers = all(isinstance(value, int) and not isinstance(value, bool) for value in (num_layers, mem_len))
+        if not integers or num_layers < 1 or mem_len < 0:
+            raise ValueError(
+                f"TxlMemory needs integers num_layers >= 1 and mem_len >= 0, got {num_layers!r} and {mem_len!r}."
+            )
+        super().__init__(layers=[TxlMemoryLayer(mem_len) for _ in range(num_layers)])
+        self.mem_len = mem_len
+        self._padding = SlidingWindow(dim=1, max_len=mem_len)  # [B, M] bool, True = padding
+        self._token_ids = SlidingWindow(dim=1, max_len=mem_len)  # [B, <= M] ids of the latest tokens, -1 = unknown
+        self.seen_tokens = 0  # tokens of the stream run through the model so far (per row; padding included)
+
+    @classmethod
+    def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
+        """An empty memory for `config`'s layers, `mem_len` positions long (default: `config.mem_len`)."""
+        return cls(num_layers=config.n_layer, mem_len=config.mem_len if mem_len is None else mem_len)
+
+    @classmethod
+    def from_legacy(cls, mems: Sequence[torch.Tensor], mem_len: int | None = None) -> TxlMemory:
+        """Build a memory from v4's `mems`: one `[M, B, E]` tensor per layer (sequence first)."""
+        if not mems:
+            raise ValueError("TxlMemory.from_legacy: `mems` is empty; pass one [M, B, E] tensor per layer.")
+        shapes = {tuple(mem.shape) for mem in mems}
+        if len(shapes) != 1 or any(mem.dim() != 3 for mem in mems):
+            raise ValueError(
+                f"TxlMemory.from_legacy: every layer needs a [M, B, E] tensor of one shape, got {shapes}."
+            )
+        memory = cls(num_layers=len(mems), mem_len=mems[0].shape[0] if mem_len is None else mem_len)
+        for layer, mem in zip(memory.layers, mems):
+            layer.update(mem.transpose(0, 1))  # [B, M, E]
+        return memory
+
+    def to_legacy(self) -> list[torch.Tensor] | None:
+        """v4's `mems`: one `[M, B, E]` tensor per layer, or `None` while the memory is empty."""
+        if self.get_seq_length() == 0:
+            return None
+        return [layer.hidden.transpose(0, 1).contiguous() for layer in self.layers]
+
+    def get_memory(self, layer_idx: int) -> torch.Tensor | None:
+        """The memory entering layer `layer_idx`, `[B, M, E]`, or `None` while empty."""
+        return self.layers[layer_idx].hidden
+
+    def update_padding(
+        self, segment_padding: torch.Tensor | None, *, batch: int, q_len: int, memory_length: int
+    ) -> None:
+        """Append the padding flags `[B, Q]` of a segment (None: no padding) to those of the `memory_length`
+        positions held before it, and keep the last `mem_len`."""
+        if segment_padding is None and self.padding is None:
+            return
+        if self.mem_len == 0:  # nothing is kept, padding flags included
+            return
+        device = (segment_padding if segment_padding is not None else self.padding).device
+        if segment_padding is None:
+            segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
+        if self.padding is None:  # first padded segment: the positions already held were not padding
+            self._padding.replace(torch.zeros(batch, memory_length, dtype=torch.bool, device=device))
+        self._padding.append(segment_padding)
+
+    @property
+    def padding(self) -> torch.Tensor | None:
+        """`[B, M]` bool, True where a memory position was padding; None when nothing was ever padded."""
+        return self._padding.value
+
+    def update_tokens(self, input_ids: torch.Tensor | None, *, batch: int, q_len: int, device: torch.device) -> None:
+        """Count a segment of `q_len` tokens as seen and keep the ids of the latest ones (`input_ids` `[B, Q]`, or
+        None for embedded inputs, whose ids are unknown)."""
+        self.seen_tokens += q_len
+        if self.mem_len > 0:
+            if input_ids is None:
+                input_ids = torch.full((batch, q_len), -1, dtype=torch.long, device=device)
+            self._token_ids.append(input_ids.to(torch.long))
+
+    def tokens_already_seen(self, input_ids: torch.Tensor) -> int:
+        """How many leading tokens of `input_ids` `[B, L]` this memory has already run through the model.
+
+        transformers' continuation idiom, `generate(out.sequences, past_key_values=out.past_key_values)`, passes the
+        whole sequence again, while this package's convention is to pass only tokens that are new to the memory.
+        The two are told apart by the ids: when `input_ids` is longer than the `seen_tokens` of the stream and its
+        tokens just before position `seen_tokens` are the ones the memory holds (all of them while the stream is
+        shorter than `mem_len`), the first `seen_tokens` are the memory's and 0 is returned otherwise.
+        """
+        seen, kept = self.seen_tokens, self._token_ids.value
+        if seen == 0 or kept is None or input_ids.shape[1] <= seen or kept.shape[0] != input_ids.shape[0]:
+            return 0
+        count = min(kept.shape[1], seen)
+        matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])
+        return seen if matches else 0
+
+    def reset(self) -> None:
+        super().reset()
+        self._padding.replace(None)
+        self._token_ids.replace(None)
+        self.seen_tokens = 0
+
+    def _apply_to_rows(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply a batch operation to the per-position flags and ids (the layers apply it to their tensors)."""
+        self._padding.map(function)
+        self._token_ids.map(function)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._apply_to_rows(lambda rows: rows.index_select(0, beam_idx.to(rows.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._apply_to_rows(lambda rows: rows.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._apply_to_rows(lambda rows: rows[indices])
+
+    @property
+    def batch_size(self) -> int:
+        return self.layers[0].batch_size
+
+
+def is_txl_memory(value: object) -> bool:
+    """Whether `value` is a `TxlMemory`: of this module, or of another copy of this file (a model folder loaded with
+    `trust_remote_code=True` defines its own classes, and this package's memory and streams must work with it)."""
+    if isinstance(value, TxlMemory):
+        return True
+    return isinstance(value, Cache) and any(
+        cls.__name__ == "TxlMemory" and cls.__module__.rpartition(".")[2] == "memory_txl"
+        for cls in type(value).__mro__
+    )
+
+
+def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple[int, int, int]]:
+    """The tensors of a memory (the hidden states of each layer, the padding flags, the token ids) and what
+    rebuilds it around them: a memory is a pytree, so torch.export takes it as an input and gives it as an output.
+    The inference-only keys and values are left out (recomputed from the hidden states)."""
+    children = [layer.hidden for layer in memory.layers] + [memory.padding, memory._token_ids.value]
+    return children, (len(memory.layers), memory.mem_len, memory.seen_tokens)
+
+
+def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[int, int, int]) -> TxlMemory:
+    num_layers, mem_len, seen_tokens = context
+    memory = TxlMemory(num_layers=num_layers, mem_len=mem_len)
+    for layer, hidden in zip(memory.layers, children[:num_layers]):
+        if hidden is not None:
+            layer.update(hidden)
+    memory._padding.replace(children[num_layers])
+    memory._token_ids.replace(children[num_layers + 1])
+    memory.seen_tokens = seen_tokens
+    return memory
+
+
+def _flatten_memory_with_keys(memory: TxlMemory) -> tuple[list[tuple], tuple[int, int, int]]:
+    children, context = _flatten_memory(memory)
+    return [(pytree.SequenceKey(index), child) for index, child in enumerate(children)], context
+
+
+pytree.register_pytree_node(
+    TxlMemory,
+    _flatten_memory,
+    _unflatten_memory,
+    serialized_type_name=f"{__name__}.TxlMemory",
+    flatten_with_keys_fn=_flatten_memory_with_keys,
+)
