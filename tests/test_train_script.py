@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -282,6 +284,18 @@ def test_option_defaults_follow_the_options_given(tmp_path):
     assert train_script.build_config(args, vocab_size=20).d_head == 12
 
 
+def test_max_eval_tokens_caps_the_final_evaluation(text_files, tmp_path, capsys):
+    """The same first segments of every column at every memory length; the main job (char-small) scores all."""
+    assert train_script.parse_args([]).max_eval_tokens == 0  # the whole split
+    assert train_script.parse_args(["--preset", "tiny"]).max_eval_tokens == PRESETS["tiny"].training["max_eval_tokens"]
+    metrics = run(text_files, tmp_path / "run", "--steps", "2", "--sample-len", "0", "--max-eval-tokens", "1000")
+    segment = 16 * 16  # --eval-batch-size x the tiny preset's eval_tgt_len
+    for split, rows in metrics["evaluation"].items():
+        assert {row["num_targets"] for row in rows.values()} == {1000 // segment * segment}, split
+    assert metrics["summary"]["max_eval_tokens"] == 1000
+    assert "at most about 1,000 targets per split" in capsys.readouterr().out
+
+
 def test_word_level_run_with_adaptive_softmax_reports_perplexity(text_files, tmp_path):
     out = tmp_path / "word"
     metrics = run(text_files, out, "--steps", "4", "--tokenizer", "word", "--cutoffs", "100,400", "--div-val", "2")
@@ -322,3 +336,199 @@ def test_compiled_training_gives_the_losses_of_eager_training(text_files, tmp_pa
     compiled_losses = [row["loss"] for row in compiled["history"]["train"]]
     assert len(compiled_losses) == 6
     assert compiled_losses == pytest.approx(eager_losses, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fine-tuning (--model-name-or-path) and the option names of transformers' run_clm_no_trainer.py
+
+LEGACY = ROOT / "tests" / "fixtures" / "legacy"
+LEGACY_SYMBOLS = json.loads((ROOT / "tests" / "fixtures" / "tokenizer" / "reference.json").read_text())["idx2sym"]
+
+
+@pytest.fixture(scope="module")
+def converted_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The v4 fixture `adaptive_div2` (100 ids, adaptive softmax) with a v4 vocabulary of the tokenizer fixture's first
+    100 symbols, converted by scripts/convert.py: a `txl` folder with its word-level tokenizer."""
+    folder = tmp_path_factory.mktemp("legacy")
+    source = folder / "v4"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(LEGACY / "adaptive_div2" / name, source / name)
+    symbols = LEGACY_SYMBOLS[:100]
+    vocab = {
+        "idx2sym": symbols,
+        "sym2idx": {symbol: index for index, symbol in enumerate(symbols)},
+        "special": ["<eos>", "<unk>", "<formula>"],
+        "lower_case": False,
+        "delimiter": None,
+    }
+    (source / "vocab.pkl").write_bytes(pickle.dumps(vocab, protocol=2))
+    assert load_script("convert").main([str(source), str(folder / "converted")]) == 0
+    return folder / "converted"
+
+
+@pytest.fixture(scope="module")
+def word_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Lines of the vocabulary's words in a fixed order: text the converted model can learn in a few steps."""
+    words = [symbol for symbol in LEGACY_SYMBOLS[3:100] if symbol.isascii() and symbol.isalpha()]
+    lines = [" ".join((words * 2)[start : start + 7]) for start in range(0, 7 * 60, 7)]
+    folder = tmp_path_factory.mktemp("words")
+    files = {"train": folder / "train.txt", "validation": folder / "validation.txt"}
+    files["train"].write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
+    files["validation"].write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    return files
+
+
+def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes(
+    converted_model, word_files, tmp_path, capsys
+):
+    """`--model_name_or_path` (run_clm_no_trainer.py's spelling) of a scripts/convert.py folder: the training loss
+    falls, the run folder loads like a new run's with the model's architecture and tokenizer, and a resume from the
+    middle ends with the same weights."""
+    common = ["--tgt-len", "8", "--mem-len", "8", "--log-every", "5", "--eval-every", "20", "--eval-batch-size", "4"]
+    common += ["--checkpoint-every", "10", "--sample-len", "0", "--no-progress"]
+    out = tmp_path / "fine-tuned"
+    hf_names = ["--model_name_or_path", str(converted_model), "--train_file", str(word_files["train"])]
+    hf_names += ["--validation_file", str(word_files["validation"]), "--max_train_steps", "20"]
+    hf_names += ["--per_device_train_batch_size", "8", "--learning_rate", "1e-2", "--output_dir", str(out)]
+    assert train_script.main([*hf_names, *common]) == 0
+    assert f"fine-tuned from {converted_model}" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+
+    losses = [row["loss"] for row in metrics["history"]["train"]]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 1.0, losses  # in nats; 20 steps at lr 1e-2 give about 2
+    assert metrics["model"]["fine_tuned_from"] == str(converted_model) and metrics["summary"]["unit"] == "ppl"
+
+    source = AutoModelForCausalLM.from_pretrained(converted_model)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    architecture = ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "cutoffs", "div_val")
+    assert {name: getattr(model.config, name) for name in architecture} == {
+        name: getattr(source.config, name) for name in architecture
+    }
+    assert (model.config.mem_len, model.config.tgt_len) == (8, 8)  # the run's lengths, as a new run's
+    text = "the game of Valkyria Chronicles"
+    assert tokenizer(text).input_ids == AutoTokenizer.from_pretrained(converted_model)(text).input_ids
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], 100)
+    assert not torch.equal(
+        model.transformer.word_embeddings.embeddings[0].weight, source.transformer.word_embeddings.embeddings[0].weight
+    )
+
+    # Killed after the step-10 checkpoint; resumed with the dashed spellings of the same options.
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    for name in ("train_args.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(out / name, resumed / name)
+    shutil.copytree(out / "checkpoints" / "step-00000010", resumed / "checkpoints" / "step-00000010")
+    dashed = ["--model-name-or-path", str(converted_model), "--train-file", str(word_files["train"])]
+    dashed += ["--validation-file", str(word_files["validation"]), "--steps", "20", "--batch-size", "8"]
+    dashed += ["--lr", "1e-2", "--output-dir", str(resumed), "--resume"]
+    assert train_script.main([*dashed, *common]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert (resumed / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_model, word_files, tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    parse = train_script.parse_args
+    model, train, validation = str(converted_model), str(word_files["train"]), str(word_files["validation"])
+    hf_names = parse(
+        [
+            *("--model_name_or_path", model, "--output_dir", str(tmp_path / "run"), "--learning_rate", "0.001"),
+            *("--train_file", train, "--validation_file", validation, "--max_train_steps", "30"),
+            *("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--seed", "3"),
+        ]
+    )
+    ours = parse(
+        [
+            *("--model-name-or-path", model, "--output-dir", str(tmp_path / "run"), "--lr", "0.001"),
+            *("--train-file", train, "--validation-file", validation, "--steps", "30"),
+            *("--batch-size", "4", "--grad-accum", "2", "--seed", "3"),  # 2 columns x 2 groups x 1 process
+        ]
+    )
+    assert vars(hf_names) == vars(ours)
+    assert ours.batch_size == 4 and ours.model_name_or_path == model and ours.tokenizer == model
+    hub = ["--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1"]
+    assert vars(parse(hub)) == vars(
+        parse(["--dataset-name", "Salesforce/wikitext", "--dataset-config", "wikitext-2-raw-v1"])
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")  # 2 processes (torchrun): the global batch counts both
+    assert parse(["--per_device_train_batch_size", "2", "--grad-accum", "2"]).batch_size == 8
+
+    help_text = train_script.build_parser().format_help()
+    for name in ("--model_name_or_path", "--output_dir", "--learning_rate", "--train_file", "--validation_file"):
+        assert name in help_text, name
+    for name in ("--dataset_name", "--dataset_config_name", "--max_train_steps", "--per_device_train_batch_size"):
+        assert name in help_text, name
+    assert "--gradient_accumulation_steps" in help_text and "--seed" in help_text
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--preset", "tiny"], "--preset tiny: not with --model-name-or-path"),
+        (["--preset", "char-small"], "--preset char-small: not with --model-name-or-path"),  # the default, given
+        (["--n-layer", "4"], "--n-layer 4: not with --model-name-or-path"),
+        (["--cutoffs", "20"], "--cutoffs 20: not with --model-name-or-path"),
+        (["--no-pre-lnorm"], "--no-pre-lnorm: not with --model-name-or-path"),
+        (["--config", "config.json"], "--config config.json: not with --model-name-or-path"),
+        (["--tokenizer", "char"], "--tokenizer char: not with --model-name-or-path"),
+        (["--vocab-size", "50"], "--vocab-size 50: not with --model-name-or-path"),
+        (["--lower-case"], "--lower-case: not with --model-name-or-path"),
+        (["--batch-size", "4", "--per_device_train_batch_size", "4"], "either --batch-size (all processes) or"),
+    ],
+)
+def test_fine_tuning_refuses_options_that_change_the_architecture(converted_model, options, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        train_script.parse_args(["--model-name-or-path", str(converted_model), *options])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert message in error
+    if "--model-name-or-path" in message:
+        assert "keeps the architecture of its config.json" in error
+
+
+def test_fine_tuning_needs_a_transformer_xl_model(tmp_path, capsys):
+    missing = tmp_path / "no" / "such" / "model"
+    with pytest.raises(SystemExit):
+        train_script.parse_args(["--model-name-or-path", str(missing)])
+    assert f"--model-name-or-path {missing}: expected an existing model folder or a Hub id" in capsys.readouterr().err
+    other = tmp_path / "gpt2"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "gpt2"}), encoding="utf-8")
+    with pytest.raises(SystemExit):
+        train_script.parse_args(["--model-name-or-path", str(other)])
+    error = capsys.readouterr().err
+    assert f"--model-name-or-path {other}: expected a Transformer-XL model" in error and "model_type 'gpt2'" in error
+
+
+def test_fine_tuning_a_hub_model_from_the_offline_cache(converted_model, word_files, tmp_path, monkeypatch):
+    """A Hub id resolves through the local cache with HF_HUB_OFFLINE=1, model and tokenizer alike."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someorg--tiny-txl"
+    shutil.copytree(converted_model, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    # huggingface_hub reads HF_HUB_OFFLINE / HF_HOME once at import: patch what it read.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "run"
+    options = ["--model-name-or-path", "someorg/tiny-txl", "--train-file", str(word_files["train"])]
+    options += ["--validation-file", str(word_files["validation"]), "--output-dir", str(out), "--steps", "2"]
+    options += ["--tgt-len", "8", "--batch-size", "4", "--eval-batch-size", "4", "--sample-len", "0", "--no-progress"]
+    assert train_script.main(options) == 0
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["model"]["fine_tuned_from"] == "someorg/tiny-txl" and metrics["tokenizer"]["vocab_size"] == 100
+    model = AutoModelForCausalLM.from_pretrained(out)
+    # The model's own memory length (6, from v4's config.json) trains and evaluates; the segment length is the run's.
+    assert (model.config.mem_len, model.config.tgt_len) == (6, 8)
+    assert set(metrics["evaluation"]["validation"]) == {"0", "6"}
+
+
+def test_fine_tuning_refuses_a_tokenizer_larger_than_the_model(converted_model, word_files, tmp_path):
+    larger = ROOT / "tests" / "fixtures" / "tokenizer" / "v4_folder"  # 111 symbols; the model has 100 ids
+    options = ["--model-name-or-path", str(converted_model), "--tokenizer", str(larger), "--sample-len", "0"]
+    options += ["--train-file", str(word_files["train"]), "--output-dir", str(tmp_path / "run"), "--no-progress"]
+    with pytest.raises(SystemExit, match=r"has 111 tokens, but --model-name-or-path .* only 100 ids \(vocab_size\)"):
+        train_script.main(options)
