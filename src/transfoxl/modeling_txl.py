@@ -20,8 +20,12 @@ Paper objects and their names here (original code / transformers v4 names in bra
     the shift of App. B                    -> relative_shift(...)                  [_rel_shift]
     adaptive input / adaptive softmax      -> TxlAdaptiveEmbedding / TxlAdaptiveLogSoftmax   [word_emb / crit]
 
-This file is self-contained (it imports only torch, transformers and `configuration_txl`), so `save_pretrained` can
-copy it into a model folder for `trust_remote_code=True`.
+    the memory (Sec. 3.2)                  -> TxlMemory, in memory_txl.py          [mems]
+
+Beside this file, with tensor-only interfaces: `memory_txl.py` (the memory, a transformers `Cache`), `kernels_txl.py`
+(the hand-written CPU training kernels, each equal to its readable counterpart here) and `checks_txl.py` (the argument
+checks of every entry point). They import only torch, transformers and each other, relatively, so `save_pretrained`
+copies them all into a model folder for `trust_remote_code=True`. docs/architecture.md maps the whole package.
 """
 
 from __future__ import annotations
