@@ -1,10 +1,10 @@
 """Shared fixtures, and the reliability report.
 
-Tests marked `@pytest.mark.reliability(area, case, expected)` are the rows of the README's reliability table
-(RELIABILITY.md): a bad input tried or a fault injected, and what must happen. A test may add what actually happened
-(the error message it caught, a measured figure) with `record_property("outcome", text)`. With the environment
-variable `TXL_RELIABILITY_JSON` set to a path, the run writes those rows there with their results;
-`scripts/reliability_report.py` runs that and renders the table.
+Tests marked `@pytest.mark.reliability(area, case, expected)` are the rows of the reliability table
+(docs/reliability-table.md): a bad input tried or a fault injected, and what must happen. A test may add what
+actually happened (the error message it caught, a measured figure) with `record_property("outcome", text)`. With the
+environment variable `TXL_RELIABILITY_JSON` set to a path, the run writes those rows there with their results;
+`tools/reliability_report.py` runs that and renders the table.
 """
 
 from __future__ import annotations

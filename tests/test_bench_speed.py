@@ -1,29 +1,24 @@
-"""scripts/bench_speed.py: a tiny run without transformers 4.37.2, the FLOP count by hand, option errors."""
+"""tools/bench_speed.py: a tiny run without transformers 4.37.2, the FLOP count by hand, option errors."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-from tests.utils import load_script
+from tools import bench_speed
+from tools.configs import CONFIGS
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    return load_script("bench_speed")
-
-
-@pytest.fixture(scope="module")
-def tiny_run(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One run of each phase of the tiny config, workers in fresh processes as in a real run; the output folder."""
     out = tmp_path_factory.mktemp("speed")
     options = ["--skip-v4", "--skip-vanilla", "--config", "tiny", "--runs", "1", "--train-steps", "2"]
-    assert bench.main([*options, "--eval-segments", "1", "--out", str(out)]) == 0
+    assert bench_speed.main([*options, "--eval-segments", "1", "--out", str(out)]) == 0
     return out
 
 
@@ -59,36 +54,37 @@ def test_tiny_run_writes_every_measure(tiny_run: Path) -> None:
     assert (tiny_run / "speed.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_vanilla_comparison(bench: ModuleType, tiny_run: Path, tmp_path: Path) -> None:
+def test_vanilla_comparison(tiny_run: Path, tmp_path: Path) -> None:
     """The no-memory comparison, run in this process (a worker would only add its start-up time)."""
-    config = bench.CONFIGS["tiny"]
-    tokens = bench.make_tokens("zipf", config["vocab_size"], {"vanilla": (1, bench.vanilla_tokens([160]))}, seed=0)
+    config = CONFIGS["tiny"]
+    shapes = {"vanilla": (1, bench_speed.vanilla_tokens([160]))}
+    tokens = bench_speed.make_tokens("zipf", config["vocab_size"], shapes, seed=0)
     torch.save(tokens, tmp_path / "tokens.pt")
     request = dict(impl="transfoxl", folder=None, seed=0, config=config, attn_implementation="eager")
     request.update(tokens=str(tmp_path / "tokens.pt"), attn_lengths=[160])
-    raw = bench.phase_vanilla(request)
+    raw = bench_speed.phase_vanilla(request)
     entry = raw["lengths"]["160"]
     assert entry["mem_len"] == entry["memory_length"] == 32  # timed with a full memory of L - 128
-    assert len(entry["vanilla_s_per_token"]) == bench.VANILLA_WINDOWS
+    assert len(entry["vanilla_s_per_token"]) == bench_speed.VANILLA_WINDOWS
 
     results = json.loads((tiny_run / "speed.json").read_text())
-    fractions = bench.cluster_fractions(tokens["vanilla"], config)
-    results["vanilla"] = bench.summarize_vanilla(raw, config, fractions)
+    fractions = bench_speed.cluster_fractions(tokens["vanilla"], config)
+    results["vanilla"] = bench_speed.summarize_vanilla(raw, config, fractions)
     summary = results["vanilla"]["160"]
     assert positive_finite(summary["speedup"]) and summary["paper_speedup"] is None
     assert summary["vanilla_flops_per_token"] > summary["xl_flops_per_token"] > 0
-    assert "| 160 |" in bench.markdown(results)
+    assert "| 160 |" in bench_speed.markdown(results)
 
 
-def test_zipf_tokens_favour_small_ids(bench: ModuleType) -> None:
-    tokens = bench.make_tokens("zipf", 10000, {"train": (8, 1000)}, seed=0)["train"]
-    again = bench.make_tokens("zipf", 10000, {"train": (8, 1000)}, seed=0)["train"]
+def test_zipf_tokens_favour_small_ids() -> None:
+    tokens = bench_speed.make_tokens("zipf", 10000, {"train": (8, 1000)}, seed=0)["train"]
+    again = bench_speed.make_tokens("zipf", 10000, {"train": (8, 1000)}, seed=0)["train"]
     assert torch.equal(tokens, again)  # seeded: both implementations read the same ids
-    fractions = bench.cluster_fractions(tokens, bench.CONFIGS["mid"])
+    fractions = bench_speed.cluster_fractions(tokens, CONFIGS["mid"])
     assert fractions[0] > 0.8 and abs(sum(fractions) - 1) < 1e-6  # ~H(2000) / H(10000)
 
 
-def test_flop_count_by_hand(bench: ModuleType) -> None:
+def test_flop_count_by_hand() -> None:
     """One layer, E 32, 4 heads x 8, d_inner 64, Q 16 attending to M 8 + Q 16 = K 24 keys; clusters of widths 32,
     16, 8 (div_val 2) holding ids [0, 20), [20, 50), [50, 100) and 20%, 30%, 50% of the tokens."""
     config = dict(vocab_size=100, cutoffs=[20, 50], div_val=2, d_model=32, d_embed=32, n_head=4, d_head=8)
@@ -109,7 +105,7 @@ def test_flop_count_by_hand(bench: ModuleType) -> None:
     forward = layer + embedding + head + 0.3 * tails[0] + 0.5 * tails[1]
     assert forward == pytest.approx(31792.0)
 
-    count = bench.flops_per_token
+    count = bench_speed.flops_per_token
     fractions = [0.2, 0.3, 0.5]
     assert count(config, tgt_len=16, mem_len=8, cluster_fractions=fractions) == pytest.approx(forward)
     assert count(config, tgt_len=16, mem_len=8, cluster_fractions=fractions, training=True) == pytest.approx(
@@ -135,10 +131,8 @@ def test_flop_count_by_hand(bench: ModuleType) -> None:
         (["--tokens", "normal"], "--tokens"),
     ],
 )
-def test_option_errors_name_the_option(
-    bench: ModuleType, capsys: pytest.CaptureFixture[str], options: list[str], expected: str
-) -> None:
+def test_option_errors_name_the_option(capsys: pytest.CaptureFixture[str], options: list[str], expected: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--skip-v4", *options])
+        bench_speed.main(["--skip-v4", *options])
     assert exit_info.value.code == 2
     assert expected in capsys.readouterr().err

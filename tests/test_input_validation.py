@@ -3,7 +3,7 @@
 The boundaries: the models' forward (`TxlModel`, `TxlForCausalLM`, `TxlForSequenceClassification`), `generate()`, the
 memory (`TxlMemory`), `TxlStream`, `evaluate_stream`, `TxlConfig`, the package's tokenizers loaded with
 `AutoTokenizer`, and the command lines of scripts/evaluate.py, scripts/train_tokenizer.py, scripts/publish.py and
-scripts/bench_generate.py. Every case is a row of RELIABILITY.md (`@pytest.mark.reliability`) and records the message
+tools/bench_generate.py. Every case is a row of RELIABILITY.md (`@pytest.mark.reliability`) and records the message
 it got. A few inputs are accepted on purpose (documented settings, not mistakes); their rows say so.
 """
 
@@ -20,6 +20,7 @@ import torch
 from transformers import AutoTokenizer, DynamicCache
 
 from tests.utils import load_script, tiny_config, tiny_lm
+from tools import bench_generate
 from transfoxl import TxlConfig, TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream
 from transfoxl.evaluation import evaluate_stream, evaluation_settings
 from transfoxl.presets import config_from_preset
@@ -1221,7 +1222,7 @@ def expect_cli_error(record_property, main, argv, capsys, *fragments: str, code:
 
 @pytest.fixture(scope="module")
 def scripts() -> dict[str, ModuleType]:
-    return {name: load_script(name) for name in ("evaluate", "train_tokenizer", "publish", "bench_generate")}
+    return {name: load_script(name) for name in ("evaluate", "train_tokenizer", "publish")}
 
 
 @pytest.fixture(scope="module")
@@ -1580,6 +1581,6 @@ BENCH_CASES = [
 
 
 @pytest.mark.parametrize(("options", "fragments"), BENCH_CASES)
-def test_bench_generate_script_errors(scripts, tmp_path, capsys, record_property, options, fragments) -> None:
+def test_bench_generate_script_errors(tmp_path, capsys, record_property, options, fragments) -> None:
     options = [option.format(tmp=tmp_path) for option in [*options, "--skip-v4"]]
-    expect_cli_error(record_property, scripts["bench_generate"].main, options, capsys, *fragments)
+    expect_cli_error(record_property, bench_generate.main, options, capsys, *fragments)

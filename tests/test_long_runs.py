@@ -1,14 +1,13 @@
-"""scripts/long_runs.py: the JSON it writes, its leak check, its bounds; the real sizes under `-m slow`."""
+"""tools/long_runs.py: the JSON it writes, its leak check, its bounds; the real sizes under `-m slow`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.utils import load_script
+from tools import long_runs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
@@ -27,12 +26,7 @@ RUN_KEYS = {
 CENSUS_KEYS = {"memories", "memory_layers", "tensors", "tensor_bytes"}
 
 
-@pytest.fixture(scope="module")
-def long_runs() -> ModuleType:
-    return load_script("long_runs")
-
-
-def run(long_runs: ModuleType, out: Path, *options: str) -> tuple[int, dict]:
+def run(out: Path, *options: str) -> tuple[int, dict]:
     status = long_runs.main(["--out", str(out), *options])
     return status, json.loads(out.read_text())
 
@@ -42,9 +36,9 @@ def run(long_runs: ModuleType, out: Path, *options: str) -> tuple[int, dict]:
     "repeated evaluate_stream and TxlStream.generate calls (small sizes), then the stream deleted",
     "no TxlMemory / TxlMemoryLayer object and no tensor storage left behind or accumulating",
 )
-def test_small_long_run_writes_its_figures_and_leaks_nothing(long_runs, tmp_path, record_property) -> None:
+def test_small_long_run_writes_its_figures_and_leaks_nothing(tmp_path, record_property) -> None:
     options = ["--eval-tokens", "20000", "--generate-tokens", "300", "--generate-chunk", "100", "--repeat-calls", "3"]
-    status, results = run(long_runs, tmp_path / "long_runs.json", *options)
+    status, results = run(tmp_path / "long_runs.json", *options)
 
     assert set(results) >= {"setup", "evaluation", "generation", "leaks", "passed", "summary", "markdown"}
     for name in ("evaluation", "generation"):
@@ -102,7 +96,7 @@ def bad_option(options: list[str], message: str, case: str):
         bad_option(["--warmup", "1.5"], "--warmup must be in [0, 1), got 1.5", "--warmup 1.5"),
     ],
 )
-def test_bad_options_are_refused(long_runs, tmp_path, capsys, record_property, options, message) -> None:
+def test_bad_options_are_refused(tmp_path, capsys, record_property, options, message) -> None:
     with pytest.raises(SystemExit) as exit_info:
         long_runs.main(["--out", str(tmp_path / "x.json"), *options])
     assert exit_info.value.code == 2
@@ -118,8 +112,8 @@ def test_bad_options_are_refused(long_runs, tmp_path, capsys, record_property, o
     "streaming evaluation of 1,000,000 tokens and generation of 20,000 tokens with memory",
     "RSS growth under 5% from warm-up to the end; nothing leaks between calls",
 )
-def test_real_sizes_stay_within_the_memory_bound(long_runs, tmp_path, record_property) -> None:
-    status, results = run(long_runs, tmp_path / "long_runs.json")
+def test_real_sizes_stay_within_the_memory_bound(tmp_path, record_property) -> None:
+    status, results = run(tmp_path / "long_runs.json")
     evaluation, generation = results["evaluation"], results["generation"]
 
     def figures(name: str, run: dict) -> str:

@@ -1,11 +1,11 @@
-"""scripts/reliability_report.py: the table it renders from the marked tests' rows and the harnesses' JSON."""
+"""tools/reliability_report.py: the table it renders from the marked tests' rows and the harnesses' JSON."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.utils import load_script
+from tools import reliability_report as report
 
 ROWS = [
     {
@@ -63,14 +63,13 @@ def write_inputs(folder: Path, rows: list[dict]) -> list[str]:
         "--long-runs-json",
         str(folder / "long.json"),
         "--out",
-        str(folder / "RELIABILITY.md"),
+        str(folder / "reliability-table.md"),
     ]
 
 
 def test_report_renders_every_row_gap_and_harness(tmp_path: Path) -> None:
-    report = load_script("reliability_report")
     assert report.main(write_inputs(tmp_path, ROWS)) == 0  # a known gap is not a failure
-    text = (tmp_path / "RELIABILITY.md").read_text()
+    text = (tmp_path / "reliability-table.md").read_text()
     assert "1 of 2 cases hold; 1 are known gaps" in text
     assert "## Model input" in text and "## Tokenizer" in text
     assert "token id 97 \\| vocab 97" in text  # pipes escaped inside cells
@@ -80,15 +79,17 @@ def test_report_renders_every_row_gap_and_harness(tmp_path: Path) -> None:
 
 
 def test_a_failing_row_fails_the_report(tmp_path: Path) -> None:
-    report = load_script("reliability_report")
     failing = [*ROWS, {**ROWS[0], "test": "tests/a.py::test_broken", "result": "failed"}]
     assert report.main(write_inputs(tmp_path, failing)) == 1
-    assert "**FAILED**" in (tmp_path / "RELIABILITY.md").read_text()
+    assert "**FAILED**" in (tmp_path / "reliability-table.md").read_text()
 
 
 def test_missing_rows_file_is_an_error_not_an_empty_table(tmp_path: Path, capsys) -> None:
-    report = load_script("reliability_report")
     status = report.main(["--no-pytest", "--tests-json", str(tmp_path / "none.json"), "--out", str(tmp_path / "R.md")])
     assert status == 2
     assert "none.json does not exist" in capsys.readouterr().err
     assert not (tmp_path / "R.md").exists()
+
+
+def test_the_table_is_written_under_docs() -> None:
+    assert report.parse_args([]).out == Path(report.REPO) / "docs" / "reliability-table.md"

@@ -1,5 +1,6 @@
-"""Every script in `scripts/` answers `--help` in a fresh interpreter: exit code 0 and a usage text, whatever the
-script needs to run (the fixture scripts need transformers 4.37.2 and import it only after parsing their options)."""
+"""Every command-line file of `scripts/` (the user CLIs) and `tools/` (the developer tools) answers `--help` in a
+fresh interpreter: exit code 0 and a usage text, whatever the file needs to run (the fixture makers need transformers
+4.37.2 and import it only after parsing their options)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+# A command-line file has a `__main__` block; the tools' shared modules (configs.py, v4.py) have none.
+SCRIPTS = sorted(
+    path
+    for folder in ("scripts", "tools")
+    for path in (ROOT / folder).glob("*.py")
+    if 'if __name__ == "__main__":' in path.read_text()
+)
 
 
 def test_every_script_answers_help(tmp_path: Path) -> None:
-    assert len(SCRIPTS) >= 10, SCRIPTS  # the glob found the scripts
+    # the globs found the user CLIs and the developer tools
+    assert {path.parent.name for path in SCRIPTS} == {"scripts", "tools"} and len(SCRIPTS) >= 10, SCRIPTS
 
     def run(script: Path) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -10,29 +10,14 @@ from types import ModuleType
 import torch
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
+from tools.configs import model_config
 from transfoxl import TxlConfig, TxlForCausalLM
 
 
 def tiny_config(**overrides) -> TxlConfig:
-    """A 2-layer model with an adaptive embedding/softmax of three clusters; dropout off unless overridden."""
-    values = dict(
-        vocab_size=97,
-        cutoffs=[20, 50],
-        div_val=2,
-        d_model=32,
-        d_embed=32,
-        n_head=4,
-        d_head=8,
-        d_inner=64,
-        n_layer=2,
-        mem_len=8,
-        clamp_len=-1,
-        same_length=False,
-        dropout=0.0,
-        dropatt=0.0,
-    )
-    values.update(overrides)
-    return TxlConfig(**values)
+    """A 2-layer model with an adaptive embedding/softmax of three clusters (tools/configs.py), mem_len 8; dropout
+    off unless overridden."""
+    return TxlConfig(**model_config("tiny", **{"mem_len": 8, **overrides}))
 
 
 def tiny_lm(seed: int = 0, **overrides) -> TxlForCausalLM:

@@ -20,8 +20,8 @@ Run by hand in the throwaway virtualenv with transformers==4.37.2 (the same one 
 in CI. From the repository root:
 
     /tmp/venv-v4/bin/pip install transformers==4.37.2 sacremoses torch
-    /tmp/venv-v4/bin/python scripts/make_tokenizer_fixtures.py             # writes tests/fixtures/tokenizer/
-    /tmp/venv-v4/bin/python scripts/make_tokenizer_fixtures.py --out DIR   # or somewhere else
+    /tmp/venv-v4/bin/python tools/make_tokenizer_fixtures.py             # writes tests/fixtures/tokenizer/
+    /tmp/venv-v4/bin/python tools/make_tokenizer_fixtures.py --out DIR   # or somewhere else
 
 The output is deterministic: running it twice writes byte-identical files.
 """
@@ -38,12 +38,16 @@ import tempfile
 import warnings
 from collections import Counter, OrderedDict
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-if TYPE_CHECKING:  # transformers 4.x, imported by main() once the options are parsed (import_transformers_v4)
+if __package__:  # imported, or run with `python -m tools.make_tokenizer_fixtures`
+    from . import v4
+else:  # run as a file, `python tools/make_tokenizer_fixtures.py`: its folder is the first entry of sys.path
+    import v4
+
+if TYPE_CHECKING:  # transformers 4.x, imported by main() once the options are parsed (v4.import_transformers)
     from transformers import TransfoXLTokenizer
 
 transformers: Any = None  # set by main(): transformers 4.x, the module holding TransfoXLTokenizer
@@ -142,25 +146,12 @@ def record(tokenizer: TransfoXLTokenizer) -> dict:
     return {"eos_id": eos_id, "pretokenized": pretokenized, "raw": raw}
 
 
-def import_transformers_v4() -> ModuleType:
-    """transformers 4.x (TransfoXL left in v5), imported once the options are parsed: --help works anywhere."""
-    needs = "This script records what transformers v4's TransfoXLTokenizer does and needs transformers==4.37.2"
-    how = "Run it in a throwaway virtualenv, as its docstring shows (--help). Nothing was written."
-    try:
-        import transformers as module
-    except ImportError as error:
-        raise SystemExit(f"{needs}, and transformers cannot be imported here ({error}). {how}") from None
-    if not hasattr(module, "TransfoXLTokenizer"):
-        raise SystemExit(f"{needs}; this environment has transformers {module.__version__}, without TransfoXL. {how}")
-    return module
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global transformers
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    args = parser.parse_args()
-    transformers = import_transformers_v4()  # before --out is emptied
+    args = parser.parse_args(argv)
+    transformers = v4.import_transformers("TransfoXLTokenizer", "TransfoXLTokenizer")  # before --out is emptied
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     logging.disable(logging.WARNING)

@@ -1,13 +1,13 @@
-"""Write RELIABILITY.md: the bad inputs tried and the faults injected, with what happened to each.
+"""Write docs/reliability-table.md: the bad inputs tried and the faults injected, with what happened to each.
 
-    python scripts/reliability_report.py                 # runs the marked tests, reads the harness JSONs
-    python scripts/reliability_report.py --slow          # also the slow ones (the 20-kill fault harness)
-    python scripts/reliability_report.py --no-pytest     # re-render from the last tests' JSON
+    python tools/reliability_report.py                 # runs the marked tests, reads the harness JSONs
+    python tools/reliability_report.py --slow          # also the slow ones (the 20-kill fault harness)
+    python tools/reliability_report.py --no-pytest     # re-render from the last tests' JSON
 
 The rows come from the test suite: every test marked `@pytest.mark.reliability(area, case, expected)` (see
 tests/conftest.py) is one row, with the message or figure it recorded and whether it passed. The fault harness
-(`scripts/fault_harness.py`) and the long runs (`scripts/long_runs.py`) add their summaries from the JSON files they
-write into `benchmarks/`.
+(`fault_harness.py`) and the long runs (`long_runs.py`) add their summaries from the JSON files they write into
+`benchmarks/`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--faults-json", type=Path, default=REPO / "benchmarks" / "faults.json")
     parser.add_argument("--long-runs-json", type=Path, default=REPO / "benchmarks" / "long_runs.json")
-    parser.add_argument("--out", type=Path, default=REPO / "RELIABILITY.md")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "reliability-table.md")
     return parser.parse_args(argv)
 
 
@@ -68,7 +68,7 @@ def render(rows: list[dict], faults: dict | None, long_runs: dict | None) -> str
         "",
         "What this package does with bad input, untrusted or damaged files, and faults during training. Every row is "
         "a test of the suite (`@pytest.mark.reliability`), with the message or figure it observed; regenerate with "
-        "`python scripts/reliability_report.py --slow`.",
+        "`python tools/reliability_report.py --slow`.",
         "",
         f"{passed} of {len(rows)} cases hold"
         + (f"; {gaps} are known gaps (tests marked xfail, with the reason in the table)." if gaps else "."),
@@ -97,9 +97,9 @@ def render(rows: list[dict], faults: dict | None, long_runs: dict | None) -> str
             )
         lines.append("")
     if faults is not None:
-        lines += ["## Fault harness (`scripts/fault_harness.py`)", "", render_faults(faults), ""]
+        lines += ["## Fault harness (`fault_harness.py`)", "", render_faults(faults), ""]
     if long_runs is not None:
-        lines += ["## Long runs (`scripts/long_runs.py`)", "", fenced(long_runs), ""]
+        lines += ["## Long runs (`long_runs.py`)", "", fenced(long_runs), ""]
     return "\n".join(lines)
 
 

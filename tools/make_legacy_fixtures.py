@@ -12,8 +12,8 @@ TransfoXL under `models/deprecated`), never in CI. From the repository root:
     python3.11 -m venv /tmp/venv-v4
     /tmp/venv-v4/bin/pip install torch==2.13.0
     /tmp/venv-v4/bin/pip install transformers==4.37.2 sacremoses safetensors
-    /tmp/venv-v4/bin/python scripts/make_legacy_fixtures.py            # writes tests/fixtures/legacy/
-    /tmp/venv-v4/bin/python scripts/make_legacy_fixtures.py --out DIR  # or somewhere else
+    /tmp/venv-v4/bin/python tools/make_legacy_fixtures.py            # writes tests/fixtures/legacy/
+    /tmp/venv-v4/bin/python tools/make_legacy_fixtures.py --out DIR  # or somewhere else
 
 The output is deterministic: running it twice writes byte-identical files, except
 `legacy_format/pytorch_model.bin`, whose pre-1.6 writer names storages by memory address (same tensors, other bytes).
@@ -30,14 +30,18 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import safetensors
 import safetensors.torch
 import torch
 
-if TYPE_CHECKING:  # transformers 4.x, imported by main() once the options are parsed (import_transformers_v4)
+if __package__:  # imported, or run with `python -m tools.make_legacy_fixtures`
+    from . import v4
+else:  # run as a file, `python tools/make_legacy_fixtures.py`: its folder is the first entry of sys.path
+    import v4
+
+if TYPE_CHECKING:  # transformers 4.x, imported by main() once the options are parsed (v4.import_transformers)
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
 transformers: Any = None  # set by main(): transformers 4.x, the module holding TransfoXLConfig / TransfoXLLMHeadModel
@@ -509,31 +513,18 @@ def print_summary(fixture_dirs: list[Path]) -> None:
     print(f"{'total':<{name_width}}  {'':<{file_width}}  {sum(row[2] for row in rows):>9,}")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: tests/fixtures/legacy in the repo)"
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def import_transformers_v4() -> ModuleType:
-    """transformers 4.x (TransfoXL left in v5), imported once the options are parsed: --help works anywhere."""
-    needs = "This script records what transformers v4's TransfoXL does and needs transformers==4.37.2"
-    how = "Run it in a throwaway virtualenv, as its docstring shows (--help). Nothing was written."
-    try:
-        import transformers as module
-    except ImportError as error:
-        raise SystemExit(f"{needs}, and transformers cannot be imported here ({error}). {how}") from None
-    if not hasattr(module, "TransfoXLLMHeadModel"):
-        raise SystemExit(f"{needs}; this environment has transformers {module.__version__}, without TransfoXL. {how}")
-    return module
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global transformers
-    args = parse_args()
-    transformers = import_transformers_v4()
+    args = parse_args(argv)
+    transformers = v4.import_transformers("TransfoXL", "TransfoXLLMHeadModel")
     # v4's deprecation notices and "shared tensor removed" messages are expected; the keys are recorded instead
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="transformers")

@@ -16,13 +16,13 @@ implementation:
 Every training or evaluation run is a fresh worker process (this file, run with `--worker`: one JSON line in, one
 out), so that its peak RSS is that run's; the implementations alternate run after run, the order rotating, so that a
 noisy machine hurts them alike. transformers 4.37.2 runs in its own virtualenv (`.bench/venv-v4`, created by
-`scripts/bench_generate.py`'s `ensure_v4_venv` the first time: needs PyPI): it builds the seeded model once and saves
-it; transfoxl loads that folder (a v4 checkpoint, converted on load). Before the runs both score the same two
-segments with dropout off, from v4's zero-filled start memory: the losses must agree (a sanity line in the output).
+`tools/v4.py` the first time: needs PyPI): it builds the seeded model once and saves it; transfoxl loads that folder
+(a v4 checkpoint, converted on load). Before the runs both score the same two segments with dropout off, from v4's
+zero-filled start memory: the losses must agree (a sanity line in the output).
 
-    python scripts/bench_speed.py                      # writes benchmarks/speed.{json,md,png} (about 10-15 minutes)
-    python scripts/bench_speed.py --skip-v4 --runs 3   # no virtualenv, no network
-    python scripts/bench_speed.py --tokens zipf --attn-lengths 800 1800 --out /tmp/speed
+    python tools/bench_speed.py                      # writes benchmarks/speed.{json,md,png} (about 10-15 minutes)
+    python tools/bench_speed.py --skip-v4 --runs 3   # no virtualenv, no network
+    python tools/bench_speed.py --tokens zipf --attn-lengths 800 1800 --out /tmp/speed
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
-import importlib.util
 import io
 import json
 import math
@@ -50,43 +49,16 @@ from typing import Any
 
 import torch
 
-# Only the standard library and torch at the top: the same file is the worker inside the transformers 4.37.2
-# virtualenv, where neither transfoxl nor transformers v5 exists.
+# Only the standard library, torch and this folder's configs and v4 at the top: the same file is the worker inside the
+# transformers 4.37.2 virtualenv, where neither transfoxl nor transformers v5 exists.
+if __package__:  # imported (`from tools import bench_speed`) or run with `python -m tools.bench_speed`
+    from . import configs, v4
+else:  # run as a file, `python tools/bench_speed.py`: its folder is the first entry of sys.path
+    import configs
+    import v4
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = {
-    "mid": dict(
-        vocab_size=10000,
-        cutoffs=[2000, 5000],
-        div_val=2,
-        d_model=256,
-        d_embed=256,
-        n_head=8,
-        d_head=32,
-        d_inner=1024,
-        n_layer=6,
-        clamp_len=-1,
-        same_length=False,
-        dropout=0.1,
-        dropatt=0.0,
-    ),
-    # For the tests: the same shape of model (three clusters), small enough for seconds.
-    "tiny": dict(
-        vocab_size=97,
-        cutoffs=[20, 50],
-        div_val=2,
-        d_model=32,
-        d_embed=32,
-        n_head=4,
-        d_head=8,
-        d_inner=64,
-        n_layer=2,
-        clamp_len=-1,
-        same_length=False,
-        dropout=0.1,
-        dropatt=0.0,
-    ),
-}
+TRAIN_DROPOUT = 0.1  # in the config of every run: training runs in train mode, the others in eval mode
 BATCH, TGT_LEN = 8, 128
 TRAIN_MEM_LEN, EVAL_MEM_LEN = 128, 512
 TRAIN_WARMUP_STEPS = 3
@@ -448,14 +420,6 @@ def spread(values: Sequence[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": list(values)}
 
 
-def load_sibling(name: str) -> Any:
-    """`scripts/<name>.py` as a module (the scripts are files, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"transfoxl_script_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per implementation and phase (default: %(default)s)")
@@ -474,7 +438,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--tokens", choices=["uniform", "zipf"], default="uniform", help="token ids (default: uniform)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="mid", help="model size (tiny: for the tests)")
+    parser.add_argument("--config", choices=["mid", "tiny"], default="mid", help="model size (tiny: for the tests)")
     parser.add_argument(
         "--attn-implementation", choices=["eager", "sdpa"], default=None, help="transfoxl's (default: the config's)"
     )
@@ -506,7 +470,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    config = CONFIGS[args.config]
+    config = configs.model_config(args.config, dropout=TRAIN_DROPOUT)
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-speed-"))
     try:
@@ -571,7 +535,7 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
     sanity = None
     v4_transformers = None
     if not args.skip_v4:
-        pythons["v4"] = str(load_sibling("bench_generate").ensure_v4_venv(args.v4_venv))
+        pythons["v4"] = str(v4.ensure_venv(args.v4_venv))
         folder = work / "v4-model"
         saved = run_worker(pythons["v4"], {**base, "impl": "v4", "phase": "save", "folder": str(folder)})
         v4_transformers = saved["transformers"]

@@ -5,7 +5,7 @@ cutoffs [2000, 5000] and div_val 2, mem_len 512), a 512-token prompt and 128 new
 implementations, alternated run after run so that a noisy machine hurts them alike:
 
 - `transfoxl`: `model.generate()` with the memory as cache (projected keys/values kept while decoding);
-- `v4`: transformers 4.37.2, in its own virtualenv (created by this script the first time: needs PyPI), driven as a
+- `v4`: transformers 4.37.2, in its own virtualenv (created by `tools/v4.py` the first time: needs PyPI), driven as a
   worker process that reads the same weights; both start from v4's zero-filled memory (`memory_init="zeros"`), so
   their tokens must be identical, which the script checks;
 - `no memory`: the paper's baseline, a Transformer that recomputes its whole window (the last 512 tokens) for every
@@ -14,9 +14,9 @@ implementations, alternated run after run so that a noisy machine hurts them ali
 New tokens per second count the prompt's processing, as a user of generate() sees it; the JSON also has the prefill
 and per-token decoding times of transfoxl measured apart.
 
-    python scripts/bench_generate.py                     # writes benchmarks/generate.{json,md}
-    python scripts/bench_generate.py --runs 5 --batch-sizes 1
-    python scripts/bench_generate.py --skip-v4           # no virtualenv, no network
+    python tools/bench_generate.py                     # writes benchmarks/generate.{json,md}
+    python tools/bench_generate.py --runs 5 --batch-sizes 1
+    python tools/bench_generate.py --skip-v4           # no virtualenv, no network
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -39,22 +38,14 @@ import transformers
 import transfoxl
 from transfoxl import TxlForCausalLM
 
+if __package__:  # imported (`from tools import bench_generate`) or run with `python -m tools.bench_generate`
+    from . import configs, v4
+else:  # run as a file, `python tools/bench_generate.py`: its folder is the first entry of sys.path
+    import configs
+    import v4
+
 REPO = Path(__file__).resolve().parents[1]
-MID_CONFIG = dict(
-    vocab_size=10000,
-    cutoffs=[2000, 5000],
-    div_val=2,
-    d_model=256,
-    d_embed=256,
-    n_head=8,
-    d_head=32,
-    d_inner=1024,
-    n_layer=6,
-    mem_len=512,
-    same_length=False,
-    clamp_len=-1,
-    dropout=0.0,
-)
+MID_CONFIG = configs.model_config("mid", mem_len=512)
 
 # Runs inside the transformers 4.37.2 virtualenv: builds the seeded v4 model (once), then answers timing requests,
 # one JSON line in ("batch" and "new_tokens"), one JSON line out.
@@ -80,19 +71,6 @@ V4_WORKER = textwrap.dedent(
         print(json.dumps({"seconds": seconds, "tokens": output[:, prompt_len:].tolist()}), flush=True)
     """
 )
-
-
-def ensure_v4_venv(venv: Path) -> Path:
-    """The python of a virtualenv with transformers 4.37.2 and this torch version, created if missing."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        print(f"creating {venv} (transformers 4.37.2, torch {torch.__version__.split('+')[0]}) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        torch_version = torch.__version__.split("+")[0]
-        pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, f"torch=={torch_version}"], check=True)
-        subprocess.run([*pip, "transformers==4.37.2"], check=True)
-    return python
 
 
 class V4Worker:
@@ -190,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         model = TxlForCausalLM(transfoxl.TransfoXLConfig(**MID_CONFIG, memory_init="zeros"))
     else:
-        worker = V4Worker(ensure_v4_venv(args.v4_venv), work / "v4-model", args.prompt_len, args.seed)
+        worker = V4Worker(v4.ensure_venv(args.v4_venv), work / "v4-model", args.prompt_len, args.seed)
         model = TxlForCausalLM.from_pretrained(work / "v4-model", memory_init="zeros")
     model.eval()
 

@@ -17,9 +17,9 @@ The leak check counts, after garbage collection, the live `TxlMemory` / `TxlMemo
 their storage bytes) before and after repeated calls: nothing may accumulate between calls, and a stream's memory
 must be freed with the stream.
 
-    python scripts/long_runs.py                                   # the real sizes; writes benchmarks/long_runs.json
-    python scripts/long_runs.py --eval-tokens 20000 --generate-tokens 300 --generate-chunk 100 --out /tmp/lr.json
-    python scripts/long_runs.py --help
+    python tools/long_runs.py                                   # the real sizes; writes benchmarks/long_runs.json
+    python tools/long_runs.py --eval-tokens 20000 --generate-tokens 300 --generate-chunk 100 --out /tmp/lr.json
+    python tools/long_runs.py --help
 
 The exit status is 0 when every bound holds, 1 otherwise. On 2 CPU cores (one thread) the real sizes take about a
 minute.
@@ -46,20 +46,13 @@ from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, TxlStream
 from transfoxl.evaluation import evaluate_stream
 from transfoxl.memory_txl import TxlMemoryLayer
 
+if __package__:  # imported (`from tools import long_runs`) or run with `python -m tools.long_runs`
+    from . import configs
+else:  # run as a file, `python tools/long_runs.py`: its folder is the first entry of sys.path
+    import configs
+
 REPO = Path(__file__).resolve().parents[1]
-MODEL = dict(
-    vocab_size=256,
-    cutoffs=[],
-    div_val=1,
-    d_model=64,
-    n_head=4,
-    d_head=16,
-    d_inner=256,
-    n_layer=2,
-    same_length=False,
-    clamp_len=-1,
-    dropout=0.0,
-)
+MODEL = configs.model_config("small")  # 2 layers, d_model 64, vocab 256
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 MAX_SAMPLES_KEPT = 200  # RSS samples written to the JSON per run (evenly thinned)
 BYTES_SLACK = 0.05  # see leak_verdict
