@@ -3,7 +3,7 @@
 The boundaries: the models' forward (`TxlModel`, `TxlForCausalLM`, `TxlForSequenceClassification`), `generate()`, the
 memory (`TxlMemory`), `TxlStream`, `evaluate_stream`, `TxlConfig`, the package's tokenizers loaded with
 `AutoTokenizer`, and the command lines of scripts/evaluate.py, scripts/train_tokenizer.py, scripts/publish.py and
-tools/bench_generate.py. Every case is a row of RELIABILITY.md (`@pytest.mark.reliability`) and records the message
+tools/bench_generate.py. Every case is a row of docs/reliability-table.md (`@pytest.mark.reliability`) and records the message
 it got. A few inputs are accepted on purpose (documented settings, not mistakes); their rows say so.
 """
 

@@ -1,4 +1,4 @@
-"""Parity with transformers 4.37.2's TransfoXL on the committed fixtures (scripts/make_legacy_fixtures.py).
+"""Parity with transformers 4.37.2's TransfoXL on the committed fixtures (tools/make_legacy_fixtures.py).
 
 Each fixture folder holds a v4 checkpoint as v4 saved it (config.json with model_type "transfo-xl" and v4 parameter
 names, in model.safetensors and pytorch_model.bin) and reference.safetensors with v4's outputs. Loaded through the Auto

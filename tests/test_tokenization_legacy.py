@@ -1,7 +1,7 @@
 """Legacy (transformers-v4) Transformer-XL vocabularies: safe loading, AutoTokenizer, and parity with v4's ids.
 
 The reference (`tests/fixtures/tokenizer/reference.json`) was recorded with transformers 4.37.2 by
-`scripts/make_tokenizer_fixtures.py`; nothing here imports transformers v4.
+`tools/make_tokenizer_fixtures.py`; nothing here imports transformers v4.
 """
 
 from __future__ import annotations
