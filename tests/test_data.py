@@ -168,9 +168,9 @@ def test_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="empty"):
         StreamBatcher(datasets.Dataset.from_dict({"input_ids": [[], []]}), 1, 1)
     for kwargs, message in [
-        ({"batch_size": 0}, "batch_size must be a positive integer"),
-        ({"tgt_len": -1}, "tgt_len must be a positive integer"),
-        ({"world_size": 0}, "world_size must be a positive integer"),
+        ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ({"tgt_len": -1}, "tgt_len must be an integer >= 1"),
+        ({"world_size": 0}, "world_size must be an integer >= 1"),
         ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\)"),
         ({"batch_size": 3, "world_size": 2}, "not a multiple of world_size"),
     ]:

@@ -2,13 +2,14 @@
 
 The boundaries: the models' forward (`TxlModel`, `TxlForCausalLM`, `TxlForSequenceClassification`), `generate()`, the
 memory (`TxlMemory`), `TxlStream`, `evaluate_stream`, `TxlConfig`, the package's tokenizers loaded with
-`AutoTokenizer`, and the command lines of scripts/evaluate.py, scripts/train_tokenizer.py, scripts/publish.py and
-tools/bench_generate.py. Every case is a row of docs/reliability-table.md (`@pytest.mark.reliability`) and records the message
-it got. A few inputs are accepted on purpose (documented settings, not mistakes); their rows say so.
+`AutoTokenizer`, and the command lines evaluate, train_tokenizer, publish (`transfoxl.cli`) and
+tools/bench_generate.py. Every case is a row of docs/reliability-table.md (`@pytest.mark.reliability`) and records
+the message it got. A few inputs are accepted on purpose (documented settings, not mistakes); their rows say so.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache
 
-from tests.utils import load_script, tiny_config, tiny_lm
+from tests.utils import tiny_config, tiny_lm
 from tools import bench_generate
 from transfoxl import TxlConfig, TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream
 from transfoxl.evaluation import evaluate_stream, evaluation_settings
@@ -866,7 +867,7 @@ EVALUATION_CASES = [
         "tgt_len=0",
         "ValueError naming tgt_len",
         ValueError,
-        "tgt_len must be a positive integer, got 0",
+        "tgt_len must be an integer >= 1, got 0",
         lambda lm: evaluate_stream(lm, STREAM, tgt_len=0, mem_len=4),
         "tgt-len",
     ),
@@ -1222,7 +1223,9 @@ def expect_cli_error(record_property, main, argv, capsys, *fragments: str, code:
 
 @pytest.fixture(scope="module")
 def scripts() -> dict[str, ModuleType]:
-    return {name: load_script(name) for name in ("evaluate", "train_tokenizer", "publish")}
+    return {
+        name: importlib.import_module(f"transfoxl.cli.{name}") for name in ("evaluate", "train_tokenizer", "publish")
+    }
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import torch
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
@@ -28,16 +23,6 @@ def tiny_lm(seed: int = 0, **overrides) -> TxlForCausalLM:
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
     return model.eval()
-
-
-def load_script(name: str) -> ModuleType:
-    """Import `scripts/<name>.py` (the scripts are files, not a package) as a module of its own."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"transfoxl_script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def reset_accelerate() -> None:

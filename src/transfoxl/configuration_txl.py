@@ -373,9 +373,8 @@ class TransfoXLConfig(TxlConfig):
     """`TxlConfig` for the `config.json` of transformers-v4 checkpoints (`"model_type": "transfo-xl"`).
 
     It only differs from `TxlConfig` by its model type and by two defaults, v4's: `d_embed` 1024 and `eos_token_id`
-    0 (v4 did not write default values to `config.json`). Models loaded with it keep v4's parameter names when saved
-    again; to convert a legacy checkpoint to the `txl` format, build the model from `TxlConfig.from_legacy(config)`,
-    load the state dict and `save_pretrained`.
+    0 (v4 did not write default values to `config.json`). A model loaded with it saves in the `txl` format
+    (`TxlPreTrainedModel.save_pretrained` writes `TxlConfig.from_legacy(config)` and the `txl` parameter names).
     """
 
     model_type = "transfo-xl"

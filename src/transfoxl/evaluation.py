@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .batching import StreamBatcher
 from .checks_txl import require_integer, token_id_outside
 from .configuration_txl import MEMORY_INIT_CHOICES
-from .data import StreamBatcher
 from .modeling_txl import TxlMemory
 
 __all__ = ["StreamEvaluation", "evaluate_stream", "evaluation_settings", "is_character_level"]

@@ -1232,8 +1232,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # transformers-v4 checkpoints: parameter names of `TransfoXL*` (and of the original code), renamed on load.
-# transformers reverts a renaming on save when it was used at load, so a legacy model saves in the legacy layout;
-# `TxlConfig.from_legacy(config)` + save_pretrained gives the txl layout.
+# Saving always writes the txl layout (`TxlPreTrainedModel.save_pretrained`).
 
 LEGACY_PARAMETER_RENAMES: dict[str, str] = {
     r"word_emb\.emb_layers\.": "word_embeddings.embeddings.",
