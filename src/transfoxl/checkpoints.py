@@ -63,6 +63,7 @@ __all__ = [
     "check_safetensors_file",
     "check_torch_file",
     "check_weight_file",
+    "is_hub_repo_id",
     "load_checked",
     "safetensors_problem",
     "torch_load_problem",
@@ -81,7 +82,6 @@ WEIGHT_NAMES = (
 FRESH_HEADS: dict[str, tuple[str, ...]] = {"TxlForSequenceClassification": ("score",)}
 # safetensors refuses larger headers (its own limit), so a larger length prefix is corruption, not a big model.
 _MAX_SAFETENSORS_HEADER = 100_000_000
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _LISTED = 8  # names shown in a message before "... (N more)"
 
 
@@ -352,6 +352,18 @@ def load_checked(load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return (model, info) if wants_info else model
 
 
+def is_hub_repo_id(name: str) -> bool:
+    """Whether `name` is a valid Hub repo id (`name` or `org/name`), by huggingface_hub's own rules."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def _check_source(source: Any, *, subfolder: str, kwargs: Mapping[str, Any]) -> None:
     """Refuse, before transformers tries, what it would report confusingly (or not at all)."""
     path = Path(os.fspath(source)).expanduser()
@@ -372,7 +384,7 @@ def _check_source(source: Any, *, subfolder: str, kwargs: Mapping[str, Any]) -> 
             )
         return
     name = os.fspath(source)
-    if not _REPO_ID.match(name) or ".." in name or "--" in name:
+    if not is_hub_repo_id(name):
         raise CheckpointError(f"{name}: no such folder (and not a Hub repo id of the form org/name)")
     if _offline(kwargs):
         from huggingface_hub import constants, try_to_load_from_cache
@@ -436,7 +448,7 @@ def _diagnose_weight_files(source: Any, *, subfolder: str, kwargs: Mapping[str, 
 
 def _cached_weight_files(repo_id: str, *, subfolder: str, kwargs: Mapping[str, Any]) -> list[Path]:
     """The weight files of a Hub repo id that the local cache holds (what transformers just tried to read)."""
-    if not _REPO_ID.match(repo_id):
+    if not is_hub_repo_id(repo_id):
         return []
     from huggingface_hub import try_to_load_from_cache
 

@@ -29,7 +29,6 @@ import inspect
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch
 from transformers import AutoConfig
 
 from .. import training
+from ..checkpoints import is_hub_repo_id
 from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..presets import PRESETS
@@ -407,7 +407,7 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.tokenizer not in TOKENIZER_KINDS:
         if Path(args.tokenizer).exists():
             args.tokenizer = str(Path(args.tokenizer).resolve())
-        elif not looks_like_hub_id(args.tokenizer):
+        elif not is_hub_repo_id(args.tokenizer):
             fail(
                 parser,
                 "tokenizer",
@@ -420,11 +420,6 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
         fail(parser, "output_dir", args.output_dir, "a folder")
     if args.resume and args.output_dir is None:
         parser.error("--resume needs the --output-dir of the run to continue")
-
-
-def looks_like_hub_id(name: str) -> bool:
-    """Whether `name` could be a Hub repo id (`name` or `owner/name`); a path-like name that does not exist is not."""
-    return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name)) and not name.startswith((".", "/"))
 
 
 def spelled(option: str, value: Any) -> str:
@@ -463,7 +458,7 @@ def check_fine_tuning_options(parser: argparse.ArgumentParser, args: argparse.Na
         )
     if Path(source).expanduser().exists():
         args.model_name_or_path = str(Path(source).expanduser().resolve())  # train_args.json: the same from anywhere
-    elif not looks_like_hub_id(source):
+    elif not is_hub_repo_id(source):
         parser.error(f"--model-name-or-path {source}: expected an existing model folder or a Hub id (owner/name)")
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path)

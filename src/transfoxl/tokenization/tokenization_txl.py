@@ -53,6 +53,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import trainers as tokenizer_trainers
 from transformers import PreTrainedTokenizerFast
 
+from ..checkpoints import is_hub_repo_id
 from .legacy_vocab import LegacyVocab, LegacyVocabError, find_legacy_vocab_file, load_legacy_vocab
 
 __all__ = [
@@ -369,14 +370,12 @@ class TransfoXLTokenizerFast(PreTrainedTokenizerFast):
 
 # JSON files a saved tokenizer folder may hold, all read by transformers when loading it.
 _TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
-# A Hub repo id ("name" or "org/name"); anything else that does not exist is a missing local folder.
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def _fetch_tokenizer_files(name_or_path: str | os.PathLike[str], kwargs: dict[str, Any]) -> Path:
     """The local snapshot of a Hub repo's tokenizer files; `OSError` naming `name_or_path` if there is none."""
     name = os.fspath(name_or_path)
-    if not _REPO_ID.match(name) or ".." in name or "--" in name:
+    if not is_hub_repo_id(name):  # anything else that does not exist is a missing local folder
         raise OSError(f"{name}: no such folder (and not a Hub repo id of the form org/name)")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
