@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import shutil
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
+from tests.test_convert_script import small_vocab_pickle
 from tests.utils import reset_accelerate
 from transfoxl import training
 from transfoxl.cli import convert as convert_cli
@@ -378,15 +378,7 @@ def converted_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(LEGACY / "adaptive_div2" / name, source / name)
-    symbols = LEGACY_SYMBOLS[:100]
-    vocab = {
-        "idx2sym": symbols,
-        "sym2idx": {symbol: index for index, symbol in enumerate(symbols)},
-        "special": ["<eos>", "<unk>", "<formula>"],
-        "lower_case": False,
-        "delimiter": None,
-    }
-    (source / "vocab.pkl").write_bytes(pickle.dumps(vocab, protocol=2))
+    (source / "vocab.pkl").write_bytes(small_vocab_pickle(100))
     assert convert_cli.main([str(source), str(folder / "converted")]) == 0
     return folder / "converted"
 
