@@ -539,7 +539,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         return torch.cat(pieces, dim=-1)  # [N, V]
 
     # Training on a CPU computes the loss a chunk of rows at a time (`kernels_txl.adaptive_nll`): about this many head
-    # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower (measured).
+    # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower.
     loss_chunk_elements = 2**20
 
     def nll(self, hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
