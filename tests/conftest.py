@@ -9,16 +9,20 @@ environment variable `TXL_RELIABILITY_JSON` set to a path, the run writes those 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 from tests.utils import reset_accelerate, tiny_lm
 from transfoxl import TxlForCausalLM
+from transfoxl.presets import config_from_preset
+from transfoxl.tokenization.tokenization_txl import train_char_level
 
 _RELIABILITY_ROWS: list[dict] = []
 
@@ -46,6 +50,41 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Shared by the reliability rows of several test files
+
+
+@pytest.fixture(scope="module")
+def scripts() -> dict[str, ModuleType]:
+    return {
+        name: importlib.import_module(f"transfoxl.cli.{name}") for name in ("evaluate", "train_tokenizer", "publish")
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny model (tgt_len 8, mem_len 8) with its character tokenizer, and texts next to it: what the
+    command lines' rows (evaluate, train_tokenizer, publish) run on. test_checkpoints.py has its own `model_dir`."""
+    root = tmp_path_factory.mktemp("cli")
+    tokenizer = train_char_level(["the cat sat on the mat\n"])
+    torch.manual_seed(0)
+    model = TxlForCausalLM(config_from_preset("tiny", len(tokenizer), tgt_len=8, mem_len=8))
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    (root / "ok.txt").write_text("the cat sat on the mat\n" * 20, encoding="utf-8")
+    (root / "empty.txt").write_text("", encoding="utf-8")
+    (root / "blank.txt").write_text("\n  \n\n", encoding="utf-8")
+    (root / "short.txt").write_text("cat\n", encoding="utf-8")
+    (root / "binary.txt").write_bytes(b"\xff\xfe\x00\x01binary")
+    return root / "model"
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Path:
+    """The file that the payloads create if anything in them runs."""
+    return tmp_path / "pwned"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -2,7 +2,9 @@
 reproduces v4 and loads on its own.
 
 The acceptance tests convert each v4 fixture of `tests/fixtures/legacy` (saved by transformers 4.37.2), load the result
-natively and run the parity checks of `tests/test_legacy_parity.py` on it, against the outputs v4 recorded.
+natively and run the parity checks of `tests/test_legacy_parity.py` on it, against the outputs v4 recorded. The
+error tests name every problem and write nothing; those of malicious or truncated files are rows of
+docs/reliability-table.md (area "files").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tests.test_legacy_parity as parity
+from tests.utils import SYSTEM, RunsCommand, reliability, write_bin
 from transfoxl import TxlConfig, TxlForCausalLM, conversion
 from transfoxl.cli import convert
 from transfoxl.tokenization import tokenizer_from_legacy_vocab
@@ -412,26 +415,77 @@ def test_errors_name_the_problem_and_write_nothing(tmp_path: Path, capsys, case:
     assert digest(tmp_path) == before  # nothing written, SOURCE and an existing OUT untouched
 
 
-class _RunsCommand:
-    """Unpickling this with `pickle.load` (what v4 did) runs a shell command."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
-
-
 def test_malicious_vocabulary_is_refused_and_never_runs(tmp_path: Path, capsys) -> None:
     source = legacy_folder(tmp_path)
     marker = tmp_path / "pwned"
-    (source / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": _RunsCommand(f"touch {marker}")}))
+    (source / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCommand(f"touch {marker}")}))
     with pytest.raises(SystemExit):
         convert.main([str(source), str(tmp_path / "out")])
     error = capsys.readouterr().err
     assert "the vocabulary was refused" in error and ".system" in error
     assert not marker.exists()
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+# torch warns that a raw pickle's protocol is newer than its own default before refusing it: expected here.
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
+@pytest.mark.parametrize("kind", ["zip", "raw_pickle"])
+@reliability(
+    "scripts/convert.py on a v4 folder with a malicious pytorch_model.bin",
+    "exit 2, error naming the file as refused; nothing written; no sentinel",
+)
+def test_convert_script_refuses_malicious_weights(
+    tmp_path: Path, sentinel: Path, capsys, record_property, kind: str
+) -> None:
+    write_bin(tmp_path / "src", kind, sentinel)
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main([str(tmp_path / "src"), str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    record_property("outcome", error.strip().splitlines()[-1])
+    assert exit_info.value.code == 2
+    assert re.search(r"SOURCE src/pytorch_model\.bin: refused: .*[Nn]othing in it was run", error), error
+    assert not sentinel.exists() and not (tmp_path / "out").exists()
+
+
+@reliability(
+    "scripts/convert.py on a v4 folder with a malicious vocab.pkl",
+    "exit 2, error naming the vocabulary as refused; nothing written; no sentinel",
+)
+def test_convert_script_refuses_a_malicious_vocabulary(
+    tmp_path: Path, sentinel: Path, capsys, record_property
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    shutil.copy(LEGACY / "adaptive_div2" / "config.json", source)
+    shutil.copy(LEGACY / "adaptive_div2" / "model.safetensors", source)
+    (source / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCommand(f"touch {sentinel}")}))
+    with pytest.raises(SystemExit):
+        convert.main([str(source), str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    record_property("outcome", error.strip().splitlines()[-1])
+    assert re.search(rf"the vocabulary was refused: .*vocab\.pkl: field 'idx2sym' needs the global {SYSTEM}", error)
+    assert not sentinel.exists() and not (tmp_path / "out").exists()
+
+
+@reliability(
+    "scripts/convert.py on a v4 folder with a truncated model.safetensors",
+    "exit 2, error naming the file and saying how it is cut",
+)
+def test_convert_script_names_a_truncated_safetensors(tmp_path: Path, capsys, record_property) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    shutil.copy(LEGACY / "adaptive_div2" / "config.json", source)
+    data = (LEGACY / "adaptive_div2" / "model.safetensors").read_bytes()
+    (source / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(SystemExit):
+        convert.main([str(source), str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    record_property("outcome", error.strip().splitlines()[-1])
+    assert re.search(
+        r"SOURCE src/model\.safetensors: cannot be read \(truncated or corrupt file\?\): the header describes \d+ "
+        r"bytes of tensor data but the file holds only \d+",
+        error,
+    ), error
 
 
 def test_verification_mismatch_fails_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -1,5 +1,6 @@
 """`transfoxl.cli.evaluate` (scripts/evaluate.py), run in-process on a tiny saved model: files written, numbers equal
-to `evaluate_stream`, and every error naming the option at fault."""
+to `evaluate_stream`, and every error naming the option at fault (the rows of docs/reliability-table.md for
+evaluate.py, `@pytest.mark.reliability`, run on conftest.py's `model_dir`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
+from tests.utils import cli_error, expect_cli_error
 from transfoxl import TxlForCausalLM
 from transfoxl.cli import evaluate as evaluate_cli
 from transfoxl.evaluation import evaluate_stream
@@ -278,3 +280,100 @@ def test_model_folder_errors(
     tokenizer.save_pretrained(small)
     message = error(small)
     assert "vocabulary mismatch" in message and f"{len(tokenizer)} tokens" in message and "--tokenizer" in message
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The reliability rows of evaluate.py: bad options, files and model folders
+
+
+def evaluate_argv(model_dir: Path, *options: str) -> list[str]:
+    root = model_dir.parent
+    return [
+        str(model_dir),
+        "--cache-dir",
+        str(root / "cache"),
+        "--output",
+        str(root / "out"),
+        "--no-progress",
+        *options,
+    ]
+
+
+EVALUATE_CASES = [
+    pytest.param(
+        ["--tgt-len", "0"],
+        ["--tgt-len must be >= 1, got 0"],
+        id="tgt-len",
+        marks=pytest.mark.reliability("evaluate.py", "--tgt-len 0", "exit 2 naming --tgt-len"),
+    ),
+    pytest.param(
+        ["--batch-size", "-1"],
+        ["--batch-size must be >= 1, got -1"],
+        id="batch-size",
+        marks=pytest.mark.reliability("evaluate.py", "--batch-size -1", "exit 2 naming --batch-size"),
+    ),
+    pytest.param(
+        ["--max-tokens", "-5"],
+        ["--max-tokens must be >= 2", "got -5"],
+        id="max-tokens",
+        marks=pytest.mark.reliability("evaluate.py", "--max-tokens -5", "exit 2 naming --max-tokens"),
+    ),
+    pytest.param(
+        ["--mem-len", "0,-4"],
+        ["memory lengths must be >= 0", "got -4"],
+        id="mem-len",
+        marks=pytest.mark.reliability("evaluate.py", "--mem-len 0,-4", "exit 2 naming --mem-len"),
+    ),
+    pytest.param(
+        ["--test-file", "{root}/missing.txt"],
+        ["--test-file", "missing.txt: no such file"],
+        id="missing",
+        marks=pytest.mark.reliability(
+            "evaluate.py", "--test-file that does not exist", "exit 2 naming the option and the file"
+        ),
+    ),
+    pytest.param(
+        ["--test-file", "{root}/empty.txt"],
+        ["empty.txt", "is empty", "hold no text"],
+        id="empty",
+        marks=pytest.mark.reliability("evaluate.py", "--test-file of 0 bytes", "exit 2: the split is empty"),
+    ),
+    pytest.param(
+        ["--test-file", "{root}/short.txt"],
+        ["--split test", "The stream of 4 tokens is too short"],
+        id="too-short",
+        marks=pytest.mark.reliability(
+            "evaluate.py", "--test-file of 4 tokens for segments of 8", "exit 2: too short, with the numbers"
+        ),
+    ),
+    pytest.param(
+        ["--test-file", "{root}/binary.txt"],
+        ["binary.txt", "UnicodeDecodeError", "is it UTF-8 text?"],
+        id="binary",
+        marks=pytest.mark.reliability(
+            "evaluate.py",
+            "--test-file holding binary bytes",
+            "exit 2 naming the file and the decoding error (DatasetGenerationError trace before)",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "fragments"), EVALUATE_CASES)
+def test_evaluate_script_errors(scripts, model_dir, capsys, record_property, options, fragments) -> None:
+    options = [option.format(root=model_dir.parent) for option in options]
+    expect_cli_error(record_property, scripts["evaluate"].main, evaluate_argv(model_dir, *options), capsys, *fragments)
+
+
+@pytest.mark.reliability(
+    "evaluate.py", "MODEL_DIR that does not exist / has no weights", "exit 2 naming MODEL_DIR and what is missing"
+)
+def test_evaluate_script_model_folder_errors(scripts, model_dir, tmp_path, capsys, record_property) -> None:
+    main = scripts["evaluate"].main
+    missing = cli_error(main, evaluate_argv(tmp_path / "nowhere"), capsys)
+    assert "MODEL_DIR" in missing and "is not a folder" in missing
+    no_weights = Path(shutil.copytree(model_dir, tmp_path / "model"))
+    (no_weights / "model.safetensors").unlink()
+    message = cli_error(main, evaluate_argv(no_weights), capsys)
+    assert "has no weights" in message
+    record_property("outcome", f"exit 2: {missing} / {message}")

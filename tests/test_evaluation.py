@@ -1,5 +1,6 @@
 """`transfoxl.evaluation.evaluate_stream`: the memory gives exactly the long-context result theory predicts, every
-target is scored once, ranks add up, and the call leaves the model as it found it."""
+target is scored once, ranks add up, and the call leaves the model as it found it; bad input to `evaluate_stream` and
+`evaluation_settings`, each case a row of docs/reliability-table.md (`@pytest.mark.reliability`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.utils import tiny_lm
+from tests.utils import VOCAB, case, expect_error, tiny_lm
 from transfoxl import TxlForCausalLM
 from transfoxl.data import StreamBatcher
 from transfoxl.evaluation import StreamEvaluation, evaluate_stream, evaluation_settings, is_character_level
@@ -249,3 +250,138 @@ def test_is_character_level() -> None:
     text = "the cat sat on the mat\nthe dog sat\n"
     assert is_character_level(train_char_level([text]))
     assert not is_character_level(train_word_level(text.splitlines()))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input to evaluate_stream / evaluation_settings (rows of the reliability table)
+
+STREAM = random_stream(VOCAB, n_tokens=200)
+
+EVALUATION_CASES = [
+    case(
+        "evaluation",
+        "stream holding token id 150 (vocab_size 97)",
+        "ValueError before the first segment, naming the id and the vocabulary",
+        ValueError,
+        r"The stream holds token id 150, outside the model's vocabulary \[0, 97\)",
+        lambda lm: evaluate_stream(lm, torch.cat([STREAM, torch.tensor([150])]), tgt_len=8, mem_len=4),
+        "id-out-of-vocab",
+    ),
+    case(
+        "evaluation",
+        "stream=None",
+        "TypeError asking for token ids",
+        TypeError,
+        r"`stream` must be token ids .* got NoneType",
+        lambda lm: evaluate_stream(lm, None, tgt_len=8, mem_len=4),
+        "none",
+    ),
+    case(
+        "evaluation",
+        "empty stream",
+        "ValueError: empty",
+        ValueError,
+        "The stream is empty",
+        lambda lm: evaluate_stream(lm, STREAM[:0], tgt_len=8, mem_len=4),
+        "empty",
+    ),
+    case(
+        "evaluation",
+        "stream of 5 tokens for tgt_len 8",
+        "ValueError: too short, with the numbers",
+        ValueError,
+        r"The stream of 5 tokens is too short for batch_size 1 x \(tgt_len 8 \+ 1\) = 9 tokens",
+        lambda lm: evaluate_stream(lm, STREAM[:5], tgt_len=8, mem_len=4),
+        "too-short",
+    ),
+    case(
+        "evaluation",
+        "2-D stream",
+        "ValueError: 1-D token ids",
+        ValueError,
+        r"The stream must be 1-D token ids, got shape \(2, 100\)",
+        lambda lm: evaluate_stream(lm, STREAM.view(2, 100), tgt_len=8, mem_len=4),
+        "2d",
+    ),
+    case(
+        "evaluation",
+        "float stream",
+        "ValueError naming the dtype",
+        ValueError,
+        "The stream must hold integer token ids, got dtype torch.float32",
+        lambda lm: evaluate_stream(lm, STREAM.float(), tgt_len=8, mem_len=4),
+        "float",
+    ),
+    case(
+        "evaluation",
+        "tgt_len=0",
+        "ValueError naming tgt_len",
+        ValueError,
+        "tgt_len must be an integer >= 1, got 0",
+        lambda lm: evaluate_stream(lm, STREAM, tgt_len=0, mem_len=4),
+        "tgt-len",
+    ),
+    case(
+        "evaluation",
+        "mem_len=-1",
+        "ValueError naming mem_len",
+        ValueError,
+        "mem_len must be an integer >= 0, got -1",
+        lambda lm: evaluate_stream(lm, STREAM, tgt_len=8, mem_len=-1),
+        "mem-len",
+    ),
+    case(
+        "evaluation",
+        "max_segments=2.5",
+        "ValueError: an integer (TypeError deep in range() before)",
+        ValueError,
+        "max_segments must be an integer >= 1 or None, got 2.5",
+        lambda lm: evaluate_stream(lm, STREAM, tgt_len=8, mem_len=4, max_segments=2.5),
+        "max-segments",
+    ),
+    case(
+        "evaluation",
+        "evaluation_settings(memory_init='random')",
+        "ValueError naming the choices (kept before)",
+        ValueError,
+        r"memory_init must be one of \('empty', 'zeros'\), got 'random'",
+        lambda lm: evaluation_settings(lm, memory_init="random").__enter__(),
+        "memory-init",
+    ),
+    case(
+        "evaluation",
+        "evaluation_settings(same_length='no')",
+        "ValueError (bool('no') was True before)",
+        ValueError,
+        "same_length must be a bool, got 'no'",
+        lambda lm: evaluation_settings(lm, same_length="no").__enter__(),
+        "same-length",
+    ),
+    case(
+        "evaluation",
+        "evaluation_settings(clamp_len='x')",
+        "ValueError naming clamp_len",
+        ValueError,
+        r"clamp_len must be an integer \(<= 0: no clamping\), got 'x'",
+        lambda lm: evaluation_settings(lm, clamp_len="x").__enter__(),
+        "clamp-len",
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "match", "call"), EVALUATION_CASES)
+def test_evaluation_refuses_bad_input(lm, record_property, error, match, call) -> None:
+    expect_error(record_property, error, match, lambda: call(lm))
+
+
+@pytest.mark.reliability(
+    "evaluation",
+    "mem_len 16 on a model trained with mem_len 0",
+    "accepted: the memory holds hidden states, not parameters, so any length works",
+)
+def test_a_memory_for_a_model_trained_without_one_is_accepted(record_property) -> None:
+    model = tiny_lm(mem_len=0)
+    result = evaluate_stream(model, STREAM, tgt_len=8, mem_len=16)
+    assert result.mem_len == 16 and result.num_targets == 199 and torch.isfinite(torch.tensor(result.loss))
+    assert model.config.mem_len == 0  # the model is unchanged
+    record_property("outcome", f"accepted: {result.num_targets} targets, loss {result.loss:.3f} nats")

@@ -1,4 +1,5 @@
-"""generate() with memories: decoding equals recomputation, continuation, batching with padding, beams, errors."""
+"""generate() with memories: decoding equals recomputation, continuation, batching with padding, beams, errors; bad
+input to generate(), each case a row of docs/reliability-table.md (`@pytest.mark.reliability`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
-from tests.utils import tiny_lm
+from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, tiny_lm
 from transfoxl import TxlForCausalLM, TxlMemory
 
 VARIANTS = {
@@ -17,10 +18,6 @@ VARIANTS = {
     "no_cutoffs_projected": {"cutoffs": [], "div_val": 1, "d_embed": 24, "tie_projs": [True]},
 }
 GREEDY = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
-
-
-def ids(batch: int, length: int, seed: int = 0, low: int = 0) -> torch.Tensor:
-    return torch.randint(low, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def greedy_without_cache(model: TxlForCausalLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -279,3 +276,141 @@ def test_hooks_on_the_projections_run():
         module.register_forward_hook(lambda module, inputs, output: calls.append(module))
     model(ids(1, 4))
     assert calls == [attention.qkv_proj, attention.pos_proj, attention.o_proj]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input to generate() (rows of the reliability table)
+# These tests run on one intra-op thread (`one_thread`, tests/conftest.py).
+
+TWO_GREEDY_TOKENS = {"do_sample": False, "pad_token_id": 0, "max_new_tokens": 2}
+
+
+def three_stream_memory(lm: TxlForCausalLM) -> TxlMemory:
+    return memory_of(lm, batch=3)
+
+
+GENERATE_CASES = [
+    case(
+        "generate",
+        "prompt holding token id 97 (vocab_size 97)",
+        ID_ERROR,
+        ValueError,
+        r"token id 97, outside the vocabulary \[0, 97\)",
+        lambda lm: lm.generate(torch.tensor([[3, 97]]), **TWO_GREEDY_TOKENS),
+        "prompt-id",
+    ),
+    case(
+        "generate",
+        "empty prompt [1, 0]",
+        "ValueError: at least one token (IndexError inside transformers before)",
+        ValueError,
+        r"generate\(\) got an empty prompt \(input_ids of shape \(1, 0\)\): pass at least one token",
+        lambda lm: lm.generate(ids(1, 0), **TWO_GREEDY_TOKENS),
+        "prompt-empty",
+    ),
+    case(
+        "generate",
+        "1-D prompt",
+        "ValueError asking for [batch, seq_len] (IndexError inside transformers before)",
+        ValueError,
+        r"input_ids must be \[batch, seq_len\], got shape \(5,\)",
+        lambda lm: lm.generate(ids()[0], **TWO_GREEDY_TOKENS),
+        "prompt-1d",
+    ),
+    case(
+        "generate",
+        "prompt as a Python list",
+        "TypeError asking for a tensor",
+        TypeError,
+        "input_ids must be a torch.Tensor",
+        lambda lm: lm.generate([[1, 2, 3]], **TWO_GREEDY_TOKENS),
+        "prompt-list",
+    ),
+    case(
+        "generate",
+        "memory of 3 streams, 2 prompts",
+        "ValueError naming both counts",
+        ValueError,
+        r"The memory holds 3 streams but generate\(\) got 2 sequences",
+        lambda lm: lm.generate(ids(), past_key_values=three_stream_memory(lm), **TWO_GREEDY_TOKENS),
+        "memory-batch",
+    ),
+    case(
+        "generate",
+        "memory of a 3-layer model",
+        "ValueError naming both layer counts",
+        ValueError,
+        "The memory has 3 layers; this model has 2",
+        lambda lm: lm.generate(ids(), past_key_values=memory_of(tiny_lm(n_layer=3)), **TWO_GREEDY_TOKENS),
+        "memory-layers",
+    ),
+    case(
+        "generate",
+        "v4 mems tuple as past_key_values",
+        "ValueError (transformers): use a Cache",
+        ValueError,
+        "Passing a tuple of `past_key_values` is not supported anymore",
+        lambda lm: lm.generate(ids(), past_key_values=(torch.zeros(1),), **TWO_GREEDY_TOKENS),
+        "memory-tuple",
+    ),
+    case(
+        "generate",
+        "attention_mask [2, 4] for a prompt [2, 5] (all ones)",
+        "ValueError naming both shapes (transformers dropped an all-ones mask unchecked)",
+        ValueError,
+        r"attention_mask must be \[batch, seq_len\] and cover the prompt \(2, 5\), got \(2, 4\)",
+        lambda lm: lm.generate(ids(), attention_mask=torch.ones(2, 4, dtype=torch.long), **TWO_GREEDY_TOKENS),
+        "mask-shape",
+    ),
+    case(
+        "generate",
+        "max_new_tokens=0",
+        "ValueError (transformers): must be greater than 0",
+        ValueError,
+        "`max_new_tokens` must be greater than 0, but is 0",
+        lambda lm: lm.generate(ids(), do_sample=False, pad_token_id=0, max_new_tokens=0),
+        "max-new-tokens-zero",
+    ),
+    case(
+        "generate",
+        "max_new_tokens=-5",
+        "ValueError (transformers): must be greater than 0",
+        ValueError,
+        "`max_new_tokens` must be greater than 0, but is -5",
+        lambda lm: lm.generate(ids(), do_sample=False, pad_token_id=0, max_new_tokens=-5),
+        "max-new-tokens-negative",
+    ),
+    case(
+        "generate",
+        "max_new_tokens=2.5",
+        "ValueError: an integer (3 tokens were generated before)",
+        ValueError,
+        "max_new_tokens must be an integer, got 2.5",
+        lambda lm: lm.generate(ids(), do_sample=False, pad_token_id=0, max_new_tokens=2.5),
+        "max-new-tokens-float",
+    ),
+    case(
+        "generate",
+        "eos_token_id=97 (vocab_size 97)",
+        "ValueError: generation would never stop on it",
+        ValueError,
+        r"eos_token_id=97: 97 is not a token id of this model, \[0, 97\)\. Generation would never stop on it",
+        lambda lm: lm.generate(ids(), eos_token_id=97, **TWO_GREEDY_TOKENS),
+        "eos-out-of-vocab",
+    ),
+    case(
+        "generate",
+        "pad_token_id=-1",
+        "ValueError naming the id and the vocabulary",
+        ValueError,
+        r"pad_token_id=-1: -1 is not a token id of this model, \[0, 97\)",
+        lambda lm: lm.generate(ids(), do_sample=False, pad_token_id=-1, max_new_tokens=2),
+        "pad-out-of-vocab",
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "match", "call"), GENERATE_CASES)
+@pytest.mark.usefixtures("one_thread")
+def test_generate_refuses_bad_input(lm, record_property, error, match, call) -> None:
+    expect_error(record_property, error, match, lambda: call(lm))

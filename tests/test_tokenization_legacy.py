@@ -1,4 +1,6 @@
-"""Legacy (transformers-v4) Transformer-XL vocabularies: safe loading, AutoTokenizer, and parity with v4's ids.
+"""Legacy (transformers-v4) Transformer-XL vocabularies: safe loading, AutoTokenizer, and parity with v4's ids; and
+vocabulary and tokenizer files that are broken or hostile (malicious vocab.pkl / vocab.bin through every loader,
+broken tokenizer.json / tokenizer_config.json, missing files), each a row of docs/reliability-table.md (area "files").
 
 The reference (`tests/fixtures/tokenizer/reference.json`) was recorded with transformers 4.37.2 by
 `tools/make_tokenizer_fixtures.py`; nothing here imports transformers v4.
@@ -7,7 +9,6 @@ The reference (`tests/fixtures/tokenizer/reference.json`) was recorded with tran
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import shutil
@@ -20,9 +21,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tests.utils import SYSTEM, RunsCommand, named, refused, reliability, v4_tokenizer_folder
 from transfoxl import TxlForCausalLM  # registers the configs
 from transfoxl.tokenization import (
     LegacyVocabError,
+    TransfoXLTokenizerFast,
     build_word_level_tokenizer,
     load_legacy_vocab,
     register_tokenizers,
@@ -93,16 +96,6 @@ def test_sym2idx_alone_is_enough(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ malicious files
 
 
-class _RunsCommand:
-    """Unpickling this with `pickle.load` runs a shell command."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
-
-
 class _StartsProcess:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -114,8 +107,8 @@ class _StartsProcess:
 def _malicious_payloads(marker: Path) -> dict[str, object]:
     command = f"touch {marker}"
     return {
-        "top_level": _RunsCommand(command),
-        "in_idx2sym": {"idx2sym": _RunsCommand(command), "lower_case": False},
+        "top_level": RunsCommand(command),
+        "in_idx2sym": {"idx2sym": RunsCommand(command), "lower_case": False},
         "in_a_symbol": {"idx2sym": ["<eos>", _StartsProcess(marker)]},
         "in_lower_case": {"idx2sym": ["<eos>", "<unk>"], "lower_case": _StartsProcess(marker)},
     }
@@ -124,7 +117,7 @@ def _malicious_payloads(marker: Path) -> dict[str, object]:
 def test_the_payload_is_live_under_plain_pickle(tmp_path: Path) -> None:
     """Control: `pickle.loads` (what v4 did) really runs the command, so the refusals below mean something."""
     marker = tmp_path / "pwned"
-    pickle.loads(pickle.dumps(_RunsCommand(f"touch {marker}")))
+    pickle.loads(pickle.dumps(RunsCommand(f"touch {marker}")))
     assert marker.exists()
 
 
@@ -142,7 +135,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path, case: str) -
 def test_malicious_object_in_an_unused_field_is_skipped_and_never_runs(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "vocab.pkl"
-    path.write_bytes(pickle.dumps({"idx2sym": IDX2SYM, "moses_tokenizer": _RunsCommand(f"touch {marker}")}))
+    path.write_bytes(pickle.dumps({"idx2sym": IDX2SYM, "moses_tokenizer": RunsCommand(f"touch {marker}")}))
     vocab = load_legacy_vocab(path)
     assert vocab.idx2sym == IDX2SYM
     assert any(name.endswith(".system") for name in vocab.skipped_globals)
@@ -152,7 +145,7 @@ def test_malicious_object_in_an_unused_field_is_skipped_and_never_runs(tmp_path:
 def test_malicious_folder_through_auto_tokenizer(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     shutil.copy(FIXTURES / "v4_vocab_only" / "config.json", tmp_path / "config.json")
-    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(_RunsCommand(f"touch {marker}")))
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(RunsCommand(f"touch {marker}")))
     with pytest.raises(LegacyVocabError, match=r"\.system"):
         AutoTokenizer.from_pretrained(tmp_path)
     assert not marker.exists()
@@ -232,7 +225,7 @@ def test_truncated_torch_file_gives_a_clear_error(tmp_path: Path) -> None:
 def test_torch_file_with_foreign_object_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "vocab.bin"
-    torch.save({"idx2sym": IDX2SYM, "x": _RunsCommand(f"touch {marker}")}, path)
+    torch.save({"idx2sym": IDX2SYM, "x": RunsCommand(f"touch {marker}")}, path)
     with pytest.raises(LegacyVocabError, match=r"weights_only=True.*(posix|nt)\.system"):
         load_legacy_vocab(path)
     assert not marker.exists()
@@ -443,3 +436,216 @@ def test_auto_tokenizer_prefers_tokenizer_json(tmp_path: Path) -> None:
     (folder / "tokenizer_config.json").unlink()  # only config.json (transfo-xl), tokenizer.json and vocab.pkl
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert len(tokenizer) == 3
+
+
+# ------------------------------------------------------------------------------------------------ reliability rows
+# Hostile or broken vocabulary and tokenizer files (area "files" of the table): each is refused with an error naming
+# the file and the problem, and nothing in it runs.
+
+VOCAB_LOADERS = {
+    "AutoTokenizer": lambda folder: AutoTokenizer.from_pretrained(folder),
+    "TransfoXLTokenizerFast": lambda folder: TransfoXLTokenizerFast.from_pretrained(folder),
+    "tokenizer_from_legacy_vocab": lambda folder: tokenizer_from_legacy_vocab(folder),
+}
+
+
+@pytest.mark.parametrize("loader", list(VOCAB_LOADERS))
+@pytest.mark.parametrize(
+    ("vocab_name", "detail"),
+    [
+        pytest.param(
+            "vocab.pkl",
+            rf"field 'idx2sym' needs the global {SYSTEM}, which is outside the allow-list",
+            id="vocab.pkl",
+            marks=reliability(
+                "malicious v4 vocab.pkl (os.system payload in idx2sym)",
+                "LegacyVocabError naming the file and the global; never unpickled with pickle.load; no sentinel",
+            ),
+        ),
+        pytest.param(
+            "vocab.bin",
+            rf"could not be read with torch\.load\(weights_only=True\).*{SYSTEM[1:-1]}",
+            id="vocab.bin",
+            marks=reliability(
+                "malicious v4 vocab.bin (torch.save with an os.system payload)",
+                "LegacyVocabError naming the file and the global; no sentinel",
+            ),
+        ),
+    ],
+)
+def test_malicious_vocabulary_is_refused_and_never_runs(
+    tmp_path: Path, sentinel: Path, record_property, vocab_name: str, detail: str, loader: str
+) -> None:
+    path = v4_tokenizer_folder(tmp_path / "v4", vocab_name, sentinel)
+    refused(
+        record_property, LegacyVocabError, rf"{named(path)}: {detail}", lambda: VOCAB_LOADERS[loader](tmp_path / "v4")
+    )
+    assert not sentinel.exists()
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A word-level tokenizer saved as this package saves one (tokenizer.json + tokenizer_config.json)."""
+    folder = tmp_path_factory.mktemp("tokenizer") / "tok"
+    tokenizer_from_legacy_vocab(FIXTURES / "v4_folder").save_pretrained(folder)
+    return folder
+
+
+def _broken_json(text: str, case: str) -> bytes:
+    if case == "truncated":
+        return text[: len(text) // 2].encode()
+    if case == "zero_bytes":
+        return b""
+    if case == "latin1":  # a symbol with an accent, as a Latin-1 editor would write it
+        return text.replace('"<unk>"', '"<unk\u00e9>"').encode("latin-1", errors="replace")
+    if case == "utf16":
+        return text.encode("utf-16")
+    return b'{"model": 3}'  # valid JSON, not a tokenizer
+
+
+TOKENIZER_CASES = [
+    (
+        "tokenizer.json",
+        "truncated",
+        r"not valid JSON .*: the file is truncated \(it ends early\)",
+        "tokenizer.json truncated",
+    ),
+    ("tokenizer.json", "zero_bytes", r"the file is empty \(0 bytes\)", "tokenizer.json of 0 bytes"),
+    ("tokenizer.json", "latin1", r"not UTF-8 text .*Latin-1", "tokenizer.json written in Latin-1"),
+    ("tokenizer.json", "utf16", r"not UTF-8 text .*UTF-16", "tokenizer.json written in UTF-16"),
+    (
+        "tokenizer.json",
+        "wrong_schema",
+        r"valid JSON, but not a tokenizer that the tokenizers library can load",
+        "tokenizer.json valid JSON, not a tokenizer",
+    ),
+    (
+        "tokenizer_config.json",
+        "truncated",
+        r"not valid JSON .*: the file is truncated",
+        "tokenizer_config.json truncated",
+    ),
+    ("tokenizer_config.json", "latin1", r"not UTF-8 text", "tokenizer_config.json written in Latin-1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "case", "detail"),
+    [
+        pytest.param(
+            name,
+            case,
+            detail,
+            id=f"{name}-{case}",
+            marks=reliability(
+                f"{what} (TransfoXLTokenizerFast.from_pretrained)",
+                "OSError naming the file and the problem; the library's error kept as the cause",
+            ),
+        )
+        for name, case, detail, what in TOKENIZER_CASES
+    ],
+)
+def test_broken_tokenizer_files_are_named(
+    saved_tokenizer: Path, tmp_path: Path, record_property, name: str, case: str, detail: str
+) -> None:
+    folder = tmp_path / "tok"
+    shutil.copytree(saved_tokenizer, folder)
+    (folder / name).write_bytes(_broken_json((folder / name).read_text(encoding="utf-8"), case))
+    error = refused(
+        record_property,
+        OSError,
+        rf"{named(folder / name)}: {detail}",
+        lambda: TransfoXLTokenizerFast.from_pretrained(folder),
+    )
+    assert error.__cause__ is not None
+
+
+@reliability(
+    "tokenizer.json truncated, loaded with AutoTokenizer from a folder this package saved",
+    "known gap: transformers' own JSONDecodeError, without the file name (tokenizer_config.json names "
+    "TokenizersBackend, so AutoTokenizer never calls this package)",
+)
+def test_truncated_tokenizer_json_through_auto_tokenizer_is_transformers_error(
+    saved_tokenizer: Path, tmp_path: Path, record_property
+) -> None:
+    folder = tmp_path / "tok"
+    shutil.copytree(saved_tokenizer, folder)
+    text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    (folder / "tokenizer.json").write_text(text[: len(text) // 2], encoding="utf-8")
+    refused(record_property, json.JSONDecodeError, r"Expecting", lambda: AutoTokenizer.from_pretrained(folder))
+
+
+@reliability(
+    "v4 vocab.pkl holding Latin-1 byte strings (a Python 2 pickle)",
+    "LegacyVocabError naming the file: text not UTF-8, encoding not supported",
+)
+def test_vocab_pkl_in_another_encoding_is_named(tmp_path: Path, record_property) -> None:
+    shutil.copy(FIXTURES / "v4_vocab_only" / "config.json", tmp_path / "config.json")
+    # Protocol 0 as Python 2 wrote it: S'...' is a byte string, here "café" in Latin-1.
+    (tmp_path / "vocab.pkl").write_bytes(b"(dp0\nS'idx2sym'\np1\n(lp2\nS'caf\xe9'\np3\naS'<unk>'\np4\nas.")
+    refused(
+        record_property,
+        LegacyVocabError,
+        rf"{named(tmp_path / 'vocab.pkl')}: holds text that is not UTF-8 .*not supported",
+        lambda: AutoTokenizer.from_pretrained(tmp_path),
+    )
+
+
+@reliability(
+    "v4 vocab.pkl whose reading exceeds the isolated reader's memory limit (lowered to 8 MiB here)",
+    "LegacyVocabError naming the file: the isolated reader failed (MemoryError); the calling process is unharmed",
+)
+def test_vocab_reader_memory_limit_holds(tmp_path: Path, monkeypatch, record_property) -> None:
+    from transfoxl.tokenization import legacy_vocab
+
+    monkeypatch.setattr(legacy_vocab, "READER_MEMORY_BYTES", 8 * 2**20)
+    shutil.copy(FIXTURES / "v4_vocab_only" / "vocab.pkl", tmp_path / "vocab.pkl")
+    refused(
+        record_property,
+        LegacyVocabError,
+        rf"{named(tmp_path / 'vocab.pkl')}: the isolated reader failed \(exit code 1\) MemoryError",
+        lambda: legacy_vocab.load_legacy_vocab(tmp_path / "vocab.pkl"),
+    )
+
+
+@reliability("truncated v4 vocab.pkl through AutoTokenizer", "LegacyVocabError naming the file as truncated")
+def test_truncated_vocab_pkl_through_auto_tokenizer(tmp_path: Path, record_property) -> None:
+    shutil.copy(FIXTURES / "v4_vocab_only" / "config.json", tmp_path / "config.json")
+    data = (FIXTURES / "v4_vocab_only" / "vocab.pkl").read_bytes()
+    (tmp_path / "vocab.pkl").write_bytes(data[: len(data) // 2])
+    refused(
+        record_property,
+        LegacyVocabError,
+        rf"{named(tmp_path / 'vocab.pkl')}: .*(truncated|not a readable pickle)",
+        lambda: AutoTokenizer.from_pretrained(tmp_path),
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            "nowhere",
+            id="nonexistent",
+            marks=reliability(
+                "tokenizer path that does not exist (TransfoXLTokenizerFast)", "OSError: no such folder"
+            ),
+        ),
+        pytest.param(
+            "empty",
+            id="no_tokenizer_files",
+            marks=reliability(
+                "tokenizer folder without tokenizer files", "OSError naming the folder and the files looked for"
+            ),
+        ),
+    ],
+)
+def test_missing_tokenizer_files(tmp_path: Path, record_property, case: str) -> None:
+    folder = tmp_path / case
+    if case == "empty":
+        folder.mkdir()
+        shutil.copy(FIXTURES / "v4_vocab_only" / "config.json", folder / "config.json")
+    detail = "no such folder" if case == "nowhere" else r"no tokenizer\.json, vocab\.pkl or vocab\.bin"
+    refused(
+        record_property, OSError, rf"{named(folder)}: {detail}", lambda: TransfoXLTokenizerFast.from_pretrained(folder)
+    )

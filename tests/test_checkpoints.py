@@ -1,8 +1,11 @@
-"""Files that are broken or hostile: each is refused with an error naming the file and the problem, and runs nothing.
+"""Checkpoint files that are broken or hostile (`transfoxl/checkpoints.py`): each is refused with an error naming
+the file and the problem, and runs nothing.
 
 Rows of the reliability table (area "files"): truncated or corrupt safetensors, checkpoints whose weights do not fit
-config.json, missing files, malicious pickles (`pytorch_model.bin`, `vocab.pkl`, `vocab.bin`) through every entry
-point, and broken tokenizer files. Each test records the message it caught (`record_property("outcome", ...)`).
+config.json, missing files and repo ids not cached offline, malicious or broken `pytorch_model.bin`, and the
+exception types compared with transformers' own for a GPT-2 folder broken the same way. Each test records the message
+it caught (`record_property("outcome", ...)`). The vocabulary and tokenizer files' rows are in
+test_tokenization_legacy.py, the conversion scripts' in test_convert_script.py and test_tokenization_convert.py.
 """
 
 from __future__ import annotations
@@ -22,9 +25,19 @@ import pytest
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from tests.utils import tiny_lm
+from tests.utils import (
+    LEGACY,
+    SYSTEM,
+    RunsCommand,
+    edit_config,
+    named,
+    refused,
+    reliability,
+    tiny_lm,
+    write_bin,
+)
 from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlModel
 from transfoxl.checkpoints import (
     CheckpointError,
@@ -34,30 +47,9 @@ from transfoxl.checkpoints import (
     RefusedPickleError,
     ShardIndexError,
 )
-from transfoxl.cli import convert, convert_vocab
-from transfoxl.tokenization import LegacyVocabError, TransfoXLTokenizerFast, tokenizer_from_legacy_vocab
 
-LEGACY = Path(__file__).parent / "fixtures" / "legacy"
-TOKENIZER_FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
-SYSTEM = r"'(posix|nt)\.system'"  # what os.system is pickled as
 # torch warns that a raw pickle's protocol is newer than its own default before refusing it: expected here.
 pytestmark = pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
-
-
-def reliability(case: str, expected: str) -> pytest.MarkDecorator:
-    return pytest.mark.reliability("files", case, expected)
-
-
-def refused(record_property, exception: type[BaseException], match: str, call: Callable[[], object]) -> BaseException:
-    """Run `call`, which must raise `exception` with a message matching `match`; record the message."""
-    with pytest.raises(exception, match=match) as exc_info:
-        call()
-    record_property("outcome", str(exc_info.value))
-    return exc_info.value
-
-
-def named(path: Path) -> str:
-    return re.escape(str(path))
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +62,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def model_dir(saved: Path, tmp_path: Path) -> Path:
+    """A copy of `saved` that a test may break (in this file, in place of conftest.py's `model_dir`)."""
     folder = tmp_path / "model"
     shutil.copytree(saved, folder)
     return folder
-
-
-def edit_config(folder: Path, **values) -> None:
-    path = folder / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
 
 
 # ------------------------------------------------------------------------------------------------ 1. safetensors
@@ -641,23 +629,7 @@ def test_offline_repo_ids(offline_outcomes: dict[str, list[str]], record_propert
         assert kind == "loaded"
 
 
-# ------------------------------------------------------------------------------------------------ 4. malicious pickles
-
-
-class RunsCommand:
-    """Unpickling this with `pickle.load` (or torch.load(weights_only=False)) runs a shell command."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
-
-
-@pytest.fixture
-def sentinel(tmp_path: Path) -> Path:
-    """The file that the payloads create if anything in them runs."""
-    return tmp_path / "pwned"
+# ------------------------------------------------------------------------------------------------ 4. pytorch_model.bin
 
 
 @reliability("control: the payload used below, unpickled with pickle.loads", "the command runs (the sentinel appears)")
@@ -665,27 +637,6 @@ def test_the_payload_is_live(sentinel: Path, record_property) -> None:
     pickle.loads(pickle.dumps(RunsCommand(f"touch {sentinel}")))
     record_property("outcome", f"sentinel created: {sentinel.exists()}")
     assert sentinel.exists()
-
-
-def legacy_state() -> dict[str, torch.Tensor]:
-    return load_file(LEGACY / "adaptive_div2" / "model.safetensors")
-
-
-def write_bin(folder: Path, kind: str, sentinel: Path) -> Path:
-    """A v4 folder (config.json) with a malicious pytorch_model.bin of `kind`."""
-    folder.mkdir(exist_ok=True)
-    shutil.copy(LEGACY / "adaptive_div2" / "config.json", folder / "config.json")
-    path = folder / "pytorch_model.bin"
-    payload = RunsCommand(f"touch {sentinel}")
-    if kind == "zip":  # torch.save's format since torch 1.6: a zip holding data.pkl
-        torch.save({**legacy_state(), "extra": payload}, path)
-    elif kind == "legacy_torch":  # torch.save's format before 1.6: pickles one after the other
-        torch.save({**legacy_state(), "extra": payload}, path, _use_new_zipfile_serialization=False)
-    elif kind == "raw_pickle":  # a bare pickle, newest protocol
-        path.write_bytes(pickle.dumps(payload))
-    else:  # a bare protocol-2 pickle of a dict holding the payload
-        path.write_bytes(pickle.dumps({"weight": payload}, protocol=2))
-    return path
 
 
 BIN_CASES = {
@@ -776,306 +727,7 @@ def test_broken_bin_is_named(tmp_path: Path, record_property, cut: float) -> Non
     )
 
 
-def v4_tokenizer_folder(folder: Path, vocab_name: str, sentinel: Path) -> Path:
-    """A v4 folder (config.json of model_type transfo-xl) whose vocabulary carries an os.system payload."""
-    folder.mkdir(exist_ok=True)
-    shutil.copy(TOKENIZER_FIXTURES / "v4_vocab_only" / "config.json", folder / "config.json")
-    path = folder / vocab_name
-    payload = {"idx2sym": RunsCommand(f"touch {sentinel}"), "lower_case": False}
-    if vocab_name == "vocab.pkl":
-        path.write_bytes(pickle.dumps(payload))
-    else:
-        torch.save(payload, path)
-    return path
-
-
-VOCAB_LOADERS = {
-    "AutoTokenizer": lambda folder: AutoTokenizer.from_pretrained(folder),
-    "TransfoXLTokenizerFast": lambda folder: TransfoXLTokenizerFast.from_pretrained(folder),
-    "tokenizer_from_legacy_vocab": lambda folder: tokenizer_from_legacy_vocab(folder),
-}
-
-
-@pytest.mark.parametrize("loader", list(VOCAB_LOADERS))
-@pytest.mark.parametrize(
-    ("vocab_name", "detail"),
-    [
-        pytest.param(
-            "vocab.pkl",
-            rf"field 'idx2sym' needs the global {SYSTEM}, which is outside the allow-list",
-            id="vocab.pkl",
-            marks=reliability(
-                "malicious v4 vocab.pkl (os.system payload in idx2sym)",
-                "LegacyVocabError naming the file and the global; never unpickled with pickle.load; no sentinel",
-            ),
-        ),
-        pytest.param(
-            "vocab.bin",
-            rf"could not be read with torch\.load\(weights_only=True\).*{SYSTEM[1:-1]}",
-            id="vocab.bin",
-            marks=reliability(
-                "malicious v4 vocab.bin (torch.save with an os.system payload)",
-                "LegacyVocabError naming the file and the global; no sentinel",
-            ),
-        ),
-    ],
-)
-def test_malicious_vocabulary_is_refused_and_never_runs(
-    tmp_path: Path, sentinel: Path, record_property, vocab_name: str, detail: str, loader: str
-) -> None:
-    path = v4_tokenizer_folder(tmp_path / "v4", vocab_name, sentinel)
-    refused(
-        record_property, LegacyVocabError, rf"{named(path)}: {detail}", lambda: VOCAB_LOADERS[loader](tmp_path / "v4")
-    )
-    assert not sentinel.exists()
-
-
-@pytest.mark.parametrize("vocab_name", ["vocab.pkl", "vocab.bin"])
-@reliability(
-    "scripts/convert_vocab.py on a malicious vocabulary", "exit 1, error naming the file and the global; no sentinel"
-)
-def test_convert_vocab_script_refuses_malicious_files(
-    tmp_path: Path, sentinel: Path, capsys, record_property, vocab_name: str
-) -> None:
-    path = v4_tokenizer_folder(tmp_path / "v4", vocab_name, sentinel)
-    assert convert_vocab.main([str(path), str(tmp_path / "out")]) == 1
-    error = capsys.readouterr().err
-    record_property("outcome", error.strip())
-    assert re.search(rf"error: {named(path)}: .*{SYSTEM[1:-1]}", error), error
-    assert not sentinel.exists() and not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("kind", ["zip", "raw_pickle"])
-@reliability(
-    "scripts/convert.py on a v4 folder with a malicious pytorch_model.bin",
-    "exit 2, error naming the file as refused; nothing written; no sentinel",
-)
-def test_convert_script_refuses_malicious_weights(
-    tmp_path: Path, sentinel: Path, capsys, record_property, kind: str
-) -> None:
-    write_bin(tmp_path / "src", kind, sentinel)
-    with pytest.raises(SystemExit) as exit_info:
-        convert.main([str(tmp_path / "src"), str(tmp_path / "out")])
-    error = capsys.readouterr().err
-    record_property("outcome", error.strip().splitlines()[-1])
-    assert exit_info.value.code == 2
-    assert re.search(r"SOURCE src/pytorch_model\.bin: refused: .*[Nn]othing in it was run", error), error
-    assert not sentinel.exists() and not (tmp_path / "out").exists()
-
-
-@reliability(
-    "scripts/convert.py on a v4 folder with a malicious vocab.pkl",
-    "exit 2, error naming the vocabulary as refused; nothing written; no sentinel",
-)
-def test_convert_script_refuses_a_malicious_vocabulary(
-    tmp_path: Path, sentinel: Path, capsys, record_property
-) -> None:
-    source = tmp_path / "src"
-    source.mkdir()
-    shutil.copy(LEGACY / "adaptive_div2" / "config.json", source)
-    shutil.copy(LEGACY / "adaptive_div2" / "model.safetensors", source)
-    (source / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCommand(f"touch {sentinel}")}))
-    with pytest.raises(SystemExit):
-        convert.main([str(source), str(tmp_path / "out")])
-    error = capsys.readouterr().err
-    record_property("outcome", error.strip().splitlines()[-1])
-    assert re.search(rf"the vocabulary was refused: .*vocab\.pkl: field 'idx2sym' needs the global {SYSTEM}", error)
-    assert not sentinel.exists() and not (tmp_path / "out").exists()
-
-
-@reliability(
-    "scripts/convert.py on a v4 folder with a truncated model.safetensors",
-    "exit 2, error naming the file and saying how it is cut",
-)
-def test_convert_script_names_a_truncated_safetensors(tmp_path: Path, capsys, record_property) -> None:
-    source = tmp_path / "src"
-    source.mkdir()
-    shutil.copy(LEGACY / "adaptive_div2" / "config.json", source)
-    data = (LEGACY / "adaptive_div2" / "model.safetensors").read_bytes()
-    (source / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(SystemExit):
-        convert.main([str(source), str(tmp_path / "out")])
-    error = capsys.readouterr().err
-    record_property("outcome", error.strip().splitlines()[-1])
-    assert re.search(
-        r"SOURCE src/model\.safetensors: cannot be read \(truncated or corrupt file\?\): the header describes \d+ "
-        r"bytes of tensor data but the file holds only \d+",
-        error,
-    ), error
-
-
-# ------------------------------------------------------------------------------------------------ 5. tokenizer files
-
-
-@pytest.fixture(scope="module")
-def saved_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A word-level tokenizer saved as this package saves one (tokenizer.json + tokenizer_config.json)."""
-    folder = tmp_path_factory.mktemp("tokenizer") / "tok"
-    tokenizer_from_legacy_vocab(TOKENIZER_FIXTURES / "v4_folder").save_pretrained(folder)
-    return folder
-
-
-def _broken_json(text: str, case: str) -> bytes:
-    if case == "truncated":
-        return text[: len(text) // 2].encode()
-    if case == "zero_bytes":
-        return b""
-    if case == "latin1":  # a symbol with an accent, as a Latin-1 editor would write it
-        return text.replace('"<unk>"', '"<unk\u00e9>"').encode("latin-1", errors="replace")
-    if case == "utf16":
-        return text.encode("utf-16")
-    return b'{"model": 3}'  # valid JSON, not a tokenizer
-
-
-TOKENIZER_CASES = [
-    (
-        "tokenizer.json",
-        "truncated",
-        r"not valid JSON .*: the file is truncated \(it ends early\)",
-        "tokenizer.json truncated",
-    ),
-    ("tokenizer.json", "zero_bytes", r"the file is empty \(0 bytes\)", "tokenizer.json of 0 bytes"),
-    ("tokenizer.json", "latin1", r"not UTF-8 text .*Latin-1", "tokenizer.json written in Latin-1"),
-    ("tokenizer.json", "utf16", r"not UTF-8 text .*UTF-16", "tokenizer.json written in UTF-16"),
-    (
-        "tokenizer.json",
-        "wrong_schema",
-        r"valid JSON, but not a tokenizer that the tokenizers library can load",
-        "tokenizer.json valid JSON, not a tokenizer",
-    ),
-    (
-        "tokenizer_config.json",
-        "truncated",
-        r"not valid JSON .*: the file is truncated",
-        "tokenizer_config.json truncated",
-    ),
-    ("tokenizer_config.json", "latin1", r"not UTF-8 text", "tokenizer_config.json written in Latin-1"),
-]
-
-
-@pytest.mark.parametrize(
-    ("name", "case", "detail"),
-    [
-        pytest.param(
-            name,
-            case,
-            detail,
-            id=f"{name}-{case}",
-            marks=reliability(
-                f"{what} (TransfoXLTokenizerFast.from_pretrained)",
-                "OSError naming the file and the problem; the library's error kept as the cause",
-            ),
-        )
-        for name, case, detail, what in TOKENIZER_CASES
-    ],
-)
-def test_broken_tokenizer_files_are_named(
-    saved_tokenizer: Path, tmp_path: Path, record_property, name: str, case: str, detail: str
-) -> None:
-    folder = tmp_path / "tok"
-    shutil.copytree(saved_tokenizer, folder)
-    (folder / name).write_bytes(_broken_json((folder / name).read_text(encoding="utf-8"), case))
-    error = refused(
-        record_property,
-        OSError,
-        rf"{named(folder / name)}: {detail}",
-        lambda: TransfoXLTokenizerFast.from_pretrained(folder),
-    )
-    assert error.__cause__ is not None
-
-
-@reliability(
-    "tokenizer.json truncated, loaded with AutoTokenizer from a folder this package saved",
-    "known gap: transformers' own JSONDecodeError, without the file name (tokenizer_config.json names "
-    "TokenizersBackend, so AutoTokenizer never calls this package)",
-)
-def test_truncated_tokenizer_json_through_auto_tokenizer_is_transformers_error(
-    saved_tokenizer: Path, tmp_path: Path, record_property
-) -> None:
-    folder = tmp_path / "tok"
-    shutil.copytree(saved_tokenizer, folder)
-    text = (folder / "tokenizer.json").read_text(encoding="utf-8")
-    (folder / "tokenizer.json").write_text(text[: len(text) // 2], encoding="utf-8")
-    refused(record_property, json.JSONDecodeError, r"Expecting", lambda: AutoTokenizer.from_pretrained(folder))
-
-
-@reliability(
-    "v4 vocab.pkl holding Latin-1 byte strings (a Python 2 pickle)",
-    "LegacyVocabError naming the file: text not UTF-8, encoding not supported",
-)
-def test_vocab_pkl_in_another_encoding_is_named(tmp_path: Path, record_property) -> None:
-    shutil.copy(TOKENIZER_FIXTURES / "v4_vocab_only" / "config.json", tmp_path / "config.json")
-    # Protocol 0 as Python 2 wrote it: S'...' is a byte string, here "café" in Latin-1.
-    (tmp_path / "vocab.pkl").write_bytes(b"(dp0\nS'idx2sym'\np1\n(lp2\nS'caf\xe9'\np3\naS'<unk>'\np4\nas.")
-    refused(
-        record_property,
-        LegacyVocabError,
-        rf"{named(tmp_path / 'vocab.pkl')}: holds text that is not UTF-8 .*not supported",
-        lambda: AutoTokenizer.from_pretrained(tmp_path),
-    )
-
-
-@reliability(
-    "v4 vocab.pkl whose reading exceeds the isolated reader's memory limit (lowered to 8 MiB here)",
-    "LegacyVocabError naming the file: the isolated reader failed (MemoryError); the calling process is unharmed",
-)
-def test_vocab_reader_memory_limit_holds(tmp_path: Path, monkeypatch, record_property) -> None:
-    from transfoxl.tokenization import legacy_vocab
-
-    monkeypatch.setattr(legacy_vocab, "READER_MEMORY_BYTES", 8 * 2**20)
-    shutil.copy(TOKENIZER_FIXTURES / "v4_vocab_only" / "vocab.pkl", tmp_path / "vocab.pkl")
-    refused(
-        record_property,
-        LegacyVocabError,
-        rf"{named(tmp_path / 'vocab.pkl')}: the isolated reader failed \(exit code 1\) MemoryError",
-        lambda: legacy_vocab.load_legacy_vocab(tmp_path / "vocab.pkl"),
-    )
-
-
-@reliability("truncated v4 vocab.pkl through AutoTokenizer", "LegacyVocabError naming the file as truncated")
-def test_truncated_vocab_pkl_through_auto_tokenizer(tmp_path: Path, record_property) -> None:
-    shutil.copy(TOKENIZER_FIXTURES / "v4_vocab_only" / "config.json", tmp_path / "config.json")
-    data = (TOKENIZER_FIXTURES / "v4_vocab_only" / "vocab.pkl").read_bytes()
-    (tmp_path / "vocab.pkl").write_bytes(data[: len(data) // 2])
-    refused(
-        record_property,
-        LegacyVocabError,
-        rf"{named(tmp_path / 'vocab.pkl')}: .*(truncated|not a readable pickle)",
-        lambda: AutoTokenizer.from_pretrained(tmp_path),
-    )
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            "nowhere",
-            id="nonexistent",
-            marks=reliability(
-                "tokenizer path that does not exist (TransfoXLTokenizerFast)", "OSError: no such folder"
-            ),
-        ),
-        pytest.param(
-            "empty",
-            id="no_tokenizer_files",
-            marks=reliability(
-                "tokenizer folder without tokenizer files", "OSError naming the folder and the files looked for"
-            ),
-        ),
-    ],
-)
-def test_missing_tokenizer_files(tmp_path: Path, record_property, case: str) -> None:
-    folder = tmp_path / case
-    if case == "empty":
-        folder.mkdir()
-        shutil.copy(TOKENIZER_FIXTURES / "v4_vocab_only" / "config.json", folder / "config.json")
-    detail = "no such folder" if case == "nowhere" else r"no tokenizer\.json, vocab\.pkl or vocab\.bin"
-    refused(
-        record_property, OSError, rf"{named(folder)}: {detail}", lambda: TransfoXLTokenizerFast.from_pretrained(folder)
-    )
-
-
-# ------------------------------------------------------------------------------------------------ 6. exception types
+# ------------------------------------------------------------------------------------------------ 5. exception types
 
 # A tiny GPT-2 of transformers' own, broken the same way as a TxlForCausalLM folder, shows what transformers raises.
 # The error here must be an instance of that type (so that an `except` written for transformers catches it) and still
