@@ -12,10 +12,12 @@ from pathlib import Path
 
 from ..configuration_txl import MEMORY_INIT_CHOICES
 from ..conversion import ConversionError, VerificationFailed, convert
+from .options import program_name
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=program_name("convert.py"),
         description="Convert a transformers-v4 Transformer-XL checkpoint (model_type 'transfo-xl': a folder, a Hub "
         "snapshot or a Hub repo id) into a txl folder that plain transformers v5 loads with trust_remote_code=True: "
         "the model, its code, tokenizer.json (from vocab.pkl / vocab.bin, never unpickled) and a model card. OUT is "

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from ..conversion import convert_vocabulary
 from ..tokenization import LegacyVocabError
+from .options import program_name
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=program_name("convert_vocab.py"),
         description="Convert a transformers-v4 Transformer-XL vocabulary (vocab.pkl / vocab.bin, read by an "
         "allow-list reader, never unpickled) into tokenizer.json and tokenizer_config.json with v4's ids; each "
         "file is moved into place by a rename. The input is never modified.",

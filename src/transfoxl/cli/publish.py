@@ -17,6 +17,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from .. import hub
 from ..runs import RunFolderError
+from .options import program_name
 
 # The code files committed with the model are this package's, under its licence: the default for the repository.
 DEFAULT_LICENSE = "apache-2.0"
@@ -25,6 +26,7 @@ LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=program_name("publish.py"),
         description="Publish a scripts/train.py run folder on the Hugging Face Hub (model, code, tokenizer, results "
         "and a generated model card).",
     )

@@ -42,7 +42,7 @@ from ..checkpoints import is_hub_repo_id
 from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..presets import PRESETS
-from .options import add_corpus_options
+from .options import add_corpus_options, program_name
 
 DEFAULT_PRESET = "char-small"
 TOKENIZER_KINDS = ("char", "word", "bpe")
@@ -84,6 +84,7 @@ INTEGER_BOUNDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=program_name("train.py"),
         description="Train a Transformer-XL language model (datasets + accelerate) and write a Hub-ready run folder.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
