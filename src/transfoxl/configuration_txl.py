@@ -14,6 +14,7 @@ unchanged, old key names and ignored keys included.
 from __future__ import annotations
 
 import inspect
+from dataclasses import field
 from itertools import pairwise
 from typing import Any
 
@@ -121,80 +122,54 @@ class TxlConfig(PreTrainedConfig):
         "attention_dropout": "dropatt",
     }
 
-    def __init__(
-        self,
-        vocab_size: int = 267735,
-        cutoffs: list[int] | tuple[int, ...] | None = (20000, 40000, 200000),
-        d_model: int = 1024,
-        d_embed: int | None = None,
-        n_head: int = 16,
-        d_head: int = 64,
-        d_inner: int = 4096,
-        div_val: int = 4,
-        pre_lnorm: bool = False,
-        n_layer: int = 18,
-        mem_len: int = 1600,
-        clamp_len: int = 1000,
-        same_length: bool = True,
-        tie_projs: list[bool] | None = None,
-        proj_share_all_but_first: bool = True,
-        untie_r: bool = True,
-        dropout: float = 0.1,
-        dropatt: float = 0.0,
-        init: str = "normal",
-        init_range: float = 0.01,
-        init_std: float = 0.02,
-        proj_init_std: float = 0.01,
-        layer_norm_epsilon: float = 1e-5,
-        memory_init: str = "empty",
-        tgt_len: int | None = None,
-        use_cache: bool = True,
-        eos_token_id: int | None = None,
-        pad_token_id: int | None = None,
-        bos_token_id: int | None = None,
-        tie_word_embeddings: bool | None = None,
-        **kwargs: Any,
-    ) -> None:
+    vocab_size: int = 267735
+    # Any sequence of ids is accepted (a tuple, a numpy array) and stored as a list; None means [].
+    cutoffs: list[int] | None = field(default_factory=lambda: [20000, 40000, 200000])
+    d_model: int = 1024
+    d_embed: int | None = None  # None: d_model
+    n_head: int = 16
+    d_head: int = 64
+    d_inner: int = 4096
+    div_val: int = 4
+    pre_lnorm: bool = False
+    n_layer: int = 18
+    mem_len: int = 1600
+    clamp_len: int = 1000
+    same_length: bool = True
+    tie_projs: list[bool] | None = None  # None: from proj_share_all_but_first
+    untie_r: bool = True
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    init: str = "normal"
+    init_range: float = 0.01
+    init_std: float = 0.02
+    proj_init_std: float = 0.01
+    layer_norm_epsilon: float = 1e-5
+    memory_init: str = "empty"
+    tgt_len: int | None = None
+    use_cache: bool = True
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    tie_word_embeddings: bool | None = None  # None: v4's tie_weight when a legacy config has it, else True
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        # `kwargs` holds what is not a field: standard aliases (`hidden_size=`), transformers' generic keys, and the
+        # legacy options, which are read and checked here.
         kwargs.pop("model_type", None)  # the class says which it is; a legacy dict's "transfo-xl" must not stick
         legacy_options = _pop_legacy_options(kwargs)
-        if tie_word_embeddings is None:
-            tie_word_embeddings = legacy_options["tie_weight"]
-        if tie_word_embeddings is not None and not is_flag(tie_word_embeddings):
-            raise ValueError(f"TxlConfig: `tie_word_embeddings` must be a bool, got {tie_word_embeddings!r}.")
-
-        self.vocab_size = vocab_size
-        # Any sequence of ids is accepted (a tuple, a numpy array); anything else is refused by validate().
+        proj_share_all_but_first = kwargs.pop("proj_share_all_but_first", True)
+        if self.tie_word_embeddings is None:
+            self.tie_word_embeddings = legacy_options["tie_weight"]
+        if self.tie_word_embeddings is not None and not is_flag(self.tie_word_embeddings):
+            raise ValueError(f"TxlConfig: `tie_word_embeddings` must be a bool, got {self.tie_word_embeddings!r}.")
+        self.tie_word_embeddings = True if self.tie_word_embeddings is None else bool(self.tie_word_embeddings)
+        cutoffs = self.cutoffs
         self.cutoffs = [] if cutoffs is None else list(cutoffs) if _is_sequence(cutoffs) else cutoffs
-        self.d_model = d_model
-        self.d_embed = d_embed
-        self.n_head = n_head
-        self.d_head = d_head
-        self.d_inner = d_inner
-        self.div_val = div_val
-        self.pre_lnorm = pre_lnorm
-        self.n_layer = n_layer
-        self.mem_len = mem_len
-        self.clamp_len = clamp_len
-        self.same_length = same_length
-        self.tie_projs = list(tie_projs) if _is_sequence(tie_projs) else tie_projs
-        self.untie_r = untie_r
-        self.dropout = dropout
-        self.dropatt = dropatt
-        self.init = init
-        self.init_range = init_range
-        self.init_std = init_std
-        self.proj_init_std = proj_init_std
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.memory_init = memory_init
-        self.tgt_len = tgt_len
-        self.use_cache = use_cache
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
-        self.bos_token_id = bos_token_id
-        self.tie_word_embeddings = True if tie_word_embeddings is None else bool(tie_word_embeddings)
+        self.tie_projs = list(self.tie_projs) if _is_sequence(self.tie_projs) else self.tie_projs
         # The base class sets the remaining kwargs, standard aliases included (`hidden_size=` lands in `d_model`),
         # so derived values and checks come after it.
-        super().__init__(**kwargs)
+        super().__post_init__(**kwargs)
 
         _check_cutoffs(self.cutoffs)
         self.cutoffs = [int(cutoff) for cutoff in self.cutoffs]
@@ -202,9 +177,13 @@ class TxlConfig(PreTrainedConfig):
             self.d_embed = self.d_model
         if self.tie_projs is None:
             self.tie_projs = [False] + [bool(proj_share_all_but_first)] * len(self.cutoffs)
-        self.validate()
+        self.validate_architecture()
 
     def validate(self) -> None:
+        """What transformers runs before saving: the fields are checked again (they may be set after construction)."""
+        self.validate_architecture()
+
+    def validate_architecture(self) -> None:
         """Check every hyper-parameter; raise a `ValueError` naming the field, the value and what was expected."""
         for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
             require_integer(getattr(self, name), f"TxlConfig: `{name}`", minimum=1)
@@ -379,5 +358,5 @@ class TransfoXLConfig(TxlConfig):
 
     model_type = "transfo-xl"
 
-    def __init__(self, d_embed: int | None = 1024, eos_token_id: int | None = 0, **kwargs: Any) -> None:
-        super().__init__(d_embed=d_embed, eos_token_id=eos_token_id, **kwargs)
+    d_embed: int | None = 1024
+    eos_token_id: int | None = 0

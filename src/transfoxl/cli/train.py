@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import inspect
 import json
 import math
 import os
@@ -490,7 +489,7 @@ def config_file_problem(values: dict[str, Any]) -> str | None:
             f"a Transformer-XL config (model_type {TxlConfig.model_type!r} or {TransfoXLConfig.model_type!r}); this "
             f"one is model_type {model_type!r}, another architecture, without Transformer-XL's memory (mem_len)"
         )
-    fields = [name for name in inspect.signature(TxlConfig.__init__).parameters if name not in ("self", "kwargs")]
+    fields = [*TxlConfig.__annotations__, "proj_share_all_but_first"]  # its own fields, and a legacy option
     known = set(fields) | set(TxlConfig.attribute_map) | set(TxlConfig().to_dict()) | OTHER_CONFIG_KEYS
     if not set(values) & (set(fields) | set(TxlConfig.attribute_map)):
         return f"a TxlConfig JSON file with fields such as {', '.join(fields[:6])}; this one has none of them"
