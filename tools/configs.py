@@ -46,6 +46,41 @@ CONFIGS: dict[str, dict[str, Any]] = {
         dropout=0.0,
         dropatt=0.0,
     ),
+    # The WikiText-103 model of the paper and of transformers' `transfo-xl-wt103` (`TxlConfig()`'s defaults, dropout
+    # off): 18 layers, d_model 1024, 16 heads x 64, d_inner 4096, 267,735 token ids in four clusters (div_val 4),
+    # 285M parameters. bench_decode.py builds it with random weights, with mem_len 1600.
+    "wt103": dict(
+        vocab_size=267735,
+        cutoffs=[20000, 40000, 200000],
+        div_val=4,
+        d_model=1024,
+        d_embed=1024,
+        n_head=16,
+        d_head=64,
+        d_inner=4096,
+        n_layer=18,
+        clamp_len=1000,
+        same_length=True,
+        dropout=0.0,
+        dropatt=0.0,
+    ),
+    # The wt103 model in miniature for the tests (`bench_decode.py --quick`): four clusters with div_val 4,
+    # clamp_len and same_length as in wt103; 2 layers of width 64.
+    "tiny_wt103": dict(
+        vocab_size=300,
+        cutoffs=[20, 40, 200],
+        div_val=4,
+        d_model=64,
+        d_embed=64,
+        n_head=4,
+        d_head=16,
+        d_inner=128,
+        n_layer=2,
+        clamp_len=24,
+        same_length=True,
+        dropout=0.0,
+        dropatt=0.0,
+    ),
     # The long runs' model (long_runs.py): 2 layers of width 64, 256 token ids in one cluster; its weights do not
     # matter for memory use.
     "small": dict(

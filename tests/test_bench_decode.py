@@ -1,0 +1,230 @@
+"""tools/bench_decode.py: a quick run on tiny models (both parts, the profile), the counts by hand, options."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools import bench_decode, bench_speed
+from tools.configs import CONFIGS, model_config
+from transfoxl import TxlConfig
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`--quick`: the mid part on the tiny config against a tiny GPT-2, the profile, and the wt103 part on
+    `tiny_wt103` in its worker process; one thread (other tests may share the CPU). The output folder."""
+    out = tmp_path_factory.mktemp("decode")
+    assert bench_decode.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
+    return out
+
+
+def positive_finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def check_spread(entry: dict, count: int) -> None:
+    assert len(entry["values"]) == count and all(positive_finite(value) for value in entry["values"]), entry
+    assert entry["min"] <= entry["median"] <= entry["max"]
+
+
+def test_quick_run_mid_part(quick_run: Path) -> None:
+    results = json.loads((quick_run / "decode.json").read_text())
+    assert set(results) >= {"setup", "machine", "mid", "wt103", "wall_s"}
+    assert results["setup"]["quick"] and results["machine"]["torch_threads"] == 1
+    mid = results["mid"]
+    assert mid["config_name"] == "tiny" and mid["config"]["mem_len"] == 16
+    assert mid["gpt2_config"]["n_positions"] == 16 + 5 and mid["gpt2_config"]["n_embd"] == CONFIGS["tiny"]["d_model"]
+    assert set(mid["summary"]) == {"1", "2"}  # the quick batch sizes
+    for batch, entry in mid["summary"].items():
+        for impl in ("transfoxl", "gpt2"):
+            runs = mid["runs"][batch][impl]
+            assert len(runs) == 1
+            assert len(runs[0]["steps_s"]) == len(runs[0]["forward_steps_s"]) == 5 - 1  # first token: prefill
+            assert runs[0]["same_tokens"] is True  # generate() and the bare forward loop agree
+            for name in ("prefill_s", "step_ms", "forward_prefill_s", "forward_step_ms", "total_s"):
+                check_spread(entry[impl][name], 1)
+            assert entry[impl]["step_ms"]["median"] == pytest.approx(1e3 * runs[0]["step_s"])
+            assert entry[impl]["total_s"]["median"] > entry[impl]["prefill_s"]["median"]
+            overhead = entry[impl]["step_ms"]["median"] - entry[impl]["forward_step_ms"]["median"]
+            assert entry[impl]["generate_overhead_ms"] == pytest.approx(overhead)
+        for name, ratio in entry["ratio"].items():  # ratios of the medians
+            assert ratio == pytest.approx(entry["transfoxl"][name]["median"] / entry["gpt2"][name]["median"])
+        assert entry["paired_ratios"]["step_ms"] == [pytest.approx(entry["ratio"]["step_ms"])]  # one run each
+
+    table = (quick_run / "decode.md").read_text()
+    assert "Quick mode" in table and "| 1 | decode step, generate() (ms) |" in table
+    assert "| 2 | prefill, forward (s) |" in table
+    assert (quick_run / "decode.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_quick_run_wt103_part(quick_run: Path) -> None:
+    wt103 = json.loads((quick_run / "decode.json").read_text())["wt103"]
+    assert wt103["config_name"] == "tiny_wt103" and wt103["threads"] == 1
+    assert wt103["same_tokens"] is True and len(wt103["runs"]) == 1
+    for name in ("prefill_s", "forward_prefill_s", "step_ms", "forward_step_ms", "total_s"):
+        check_spread(wt103["measured"][name], 1)
+    floors = wt103["floors"]
+    assert all(positive_finite(value) for value in floors.values()), floors
+    measured = wt103["measured"]
+    assert wt103["ratio_to_floor"]["prefill"] == pytest.approx(measured["prefill_s"]["median"] / floors["prefill_s"])
+    assert wt103["ratio_to_floor"]["step"] == pytest.approx(measured["step_ms"]["median"] / floors["step_ms"])
+    # the floors are the counts at the best rates the worker measured
+    matmul = wt103["matmul_gflops_ceiling"]
+    assert matmul == max(
+        *wt103["rates_before"]["matmul_gflops"].values(), *wt103["rates_after"]["matmul_gflops"].values()
+    )
+    assert floors["prefill_s"] == pytest.approx(wt103["prefill_flops"]["total"] / (matmul * 1e9))
+    bandwidth = wt103["mv_gbytes_per_s_ceiling"]
+    assert floors["step_ms"] == pytest.approx(1e3 * wt103["step_bytes"]["total"] / (bandwidth * 1e9))
+    flops = wt103["prefill_flops"]
+    assert flops["total"] == pytest.approx(sum(value for name, value in flops.items() if name != "total"))
+    assert wt103["prefill_flops_all_positions_scored"]["total"] > flops["total"]  # 16 positions scored, not 1
+    # 4 new tokens: the timed steps (2nd-4th) attend to 16, 17, 18 memory positions (mem_len 20 not reached)
+    assert wt103["step_bytes"]["mean_memory_length"] == pytest.approx(17)
+    assert 0 < wt103["weight_bytes"]["read"] < wt103["weight_bytes"]["all"] == 4 * wt103["parameters"]
+    assert wt103["peak_rss_mb"] >= wt103["loaded_rss_mb"] > 0
+    assert abs(sum(wt103["input_fractions"]) - 1) < 1e-6
+    table = (quick_run / "decode.md").read_text()
+    assert "## tiny_wt103 configuration against the machine's floors" in table
+    assert "| decode step, generate() (ms) |" in table
+
+
+def test_quick_run_profile(quick_run: Path) -> None:
+    mid = json.loads((quick_run / "decode.json").read_text())["mid"]
+    profile = mid["profile"]
+    assert mid["profile_threads"] == 1  # the default
+    for impl in ("transfoxl", "gpt2"):
+        entry = profile[impl]
+        assert entry["steps"] == 4
+        assert entry["section_calls_per_step"]["model forward"] == 1  # one forward per decode step
+        assert entry["section_calls_per_step"]["layer"] == CONFIGS["tiny"]["n_layer"]
+        sections = entry["sections_ms_per_step"]
+        assert sections["model forward"] >= sections["stack"] >= sections["layer"] >= sections["attention"] > 0
+        assert entry["operators"] and all(op["name"].startswith("aten::") for op in entry["operators"])
+        assert entry["python_functions"] and entry["python_cumulative"]
+    text = (quick_run / "decode.profile.md").read_text()
+    assert "| aten operators' own time / calls per step |" in text and "### GPT-2 (KV cache)" in text
+
+
+def test_outputs_of_a_single_part(quick_run: Path) -> None:
+    """--skip-mid or --skip-wt103: the table and the plot say what was not run."""
+    results = json.loads((quick_run / "decode.json").read_text())
+    without_mid = bench_decode.markdown({**results, "mid": None})
+    assert "Mid part: not run (--skip-mid)." in without_mid and "| decode step, forward (ms) |" in without_mid
+    without_wt103 = bench_decode.markdown({**results, "wt103": None})
+    assert "WikiText-103 part: not run (--skip-wt103)." in without_wt103
+    for partial in ({**results, "mid": None}, {**results, "wt103": None}):
+        assert bench_decode.plot_png(partial).startswith(b"\x89PNG")
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_decode.main(["--help"])
+    assert exit_info.value.code == 0
+    usage = capsys.readouterr().out
+    assert "usage: bench_decode.py" in usage and "--skip-wt103" in usage and "--quick" in usage
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--new-tokens", "1"], "--new-tokens must be >= 2, got 1"),
+        (["--wt103-new-tokens", "0"], "--wt103-new-tokens must be >= 2, got 0"),
+        (["--runs", "0"], "--runs must be >= 1, got 0"),
+        (["--batch-sizes", "1", "0"], "--batch-sizes must all be >= 1, got [1, 0]"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--profile-threads", "0"], "--profile-threads must be >= 1, got 0"),
+        (["--stem", "a/b"], "--stem must be a file name without a folder"),
+    ],
+)
+def test_option_errors_name_the_option(capsys: pytest.CaptureFixture[str], options: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_decode.main(["--quick", *options])
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_prefill_flops_by_hand() -> None:
+    """One layer, E 32, 4 heads x 8, d_inner 64, Q 16 new tokens attending to M 8 + Q 16 = K 24 keys, batch 2;
+    clusters of widths 32, 16, 8 (div_val 2) holding ids [0, 20), [20, 50), [50, 100), 20%, 30%, 50% of the inputs;
+    the full distribution of 3 positions per sequence."""
+    config = dict(vocab_size=100, cutoffs=[20, 50], div_val=2, d_model=32, d_embed=32, n_head=4, d_head=8)
+    config.update(d_inner=64, n_layer=1)
+    fractions = [0.2, 0.3, 0.5]
+    parts = bench_decode.forward_flops(
+        config, q_len=16, mem_len=8, batch=2, input_fractions=fractions, scored_positions=3
+    )
+    assert parts["projections"] == 2 * 16 * (2 * 32 * 96 + 2 * 32 * 32)  # q, k, v of the new tokens; output
+    assert parts["relative_positions"] == 2 * 24 * 32 * 32  # once for the batch
+    assert parts["attention"] == 2 * 3 * 2 * 16 * 24 * 32  # content and position scores, probabilities @ values
+    assert parts["feed_forward"] == 2 * 16 * 2 * 2 * 32 * 64
+    assert parts["embedding"] == pytest.approx(2 * 16 * (0.2 * 2 * 32 * 32 + 0.3 * 2 * 16 * 32 + 0.5 * 2 * 8 * 32))
+    head = 2 * 32 * 32 + 2 * 32 * (20 + 2)  # projection, then 20 shortlist logits + 2 cluster logits
+    tails = 2 * 32 * 16 + 2 * 16 * 30 + 2 * 32 * 8 + 2 * 8 * 50
+    assert parts["adaptive_softmax"] == 2 * 3 * (head + tails)
+    assert parts["total"] == pytest.approx(sum(value for name, value in parts.items() if name != "total"))
+    cached = bench_decode.forward_flops(
+        config, q_len=1, mem_len=8, batch=1, input_fractions=fractions, scored_positions=1, project_positions=False
+    )
+    assert cached["relative_positions"] == 0  # a decode step reads the projected table
+
+
+@pytest.mark.parametrize("name", ["tiny", "mid", "wt103"])
+def test_prefill_flops_agree_with_bench_speed(name: str) -> None:
+    """Without memory, every position scored: bench_speed's per-token count times the tokens."""
+    config = model_config(name)
+    fractions = [1 / (len(config["cutoffs"]) + 1)] * (len(config["cutoffs"]) + 1)
+    total = bench_decode.forward_flops(
+        config, q_len=64, mem_len=0, batch=4, input_fractions=fractions, scored_positions=64
+    )["total"]
+    per_token = bench_speed.flops_per_token(
+        config, tgt_len=64, mem_len=0, cluster_fractions=fractions, batch_size=4, all_clusters=True
+    )
+    assert total == pytest.approx(4 * 64 * per_token)
+
+
+def test_step_bytes_by_hand() -> None:
+    config = dict(model_config("tiny_wt103"), n_layer=2)  # d_model 64, 4 heads x 16
+    lengths = bench_decode.decode_mem_lengths(prompt_len=16, new_tokens=6, mem_len=18)
+    assert lengths == [16, 17, 18, 18, 18]  # capped at mem_len
+    counted = bench_decode.step_bytes(config, weight_bytes=1000, mem_lengths=lengths, batch=2)
+    mean = 87 / 5
+    assert counted["keys_values"] == pytest.approx(2 * 2 * 2 * mean * 64 * 4)  # layers, keys+values, batch
+    assert counted["positions"] == pytest.approx((mean + 1) * 64 * 4)
+    assert counted["total"] == pytest.approx(1000 + counted["keys_values"] + counted["positions"])
+
+
+def test_weights_read_by_a_step() -> None:
+    """Tied tables are read by the softmax; the embedding's own first projection (tie_projs[0] is False) is not."""
+    model = bench_decode.build_transfoxl(model_config("tiny_wt103"), mem_len=20, seed=0)
+    counted = bench_decode.weights_read_by_a_step(model)
+    unique = {p.data_ptr(): p.numel() * 4 for p in model.parameters()}
+    assert counted["all"] == sum(unique.values())
+    assert counted["all"] - counted["read"] == 64 * 64 * 4  # transformer.word_embeddings.projections.0
+
+
+def test_wt103_config_is_txl_default() -> None:
+    """configs.py's "wt103" is `TxlConfig()` with dropout off (the architecture of transfo-xl-wt103)."""
+    ours, default = TxlConfig(**CONFIGS["wt103"]).to_dict(), TxlConfig().to_dict()
+    differences = {key for key in ours.keys() | default.keys() if ours.get(key) != default.get(key)}
+    assert differences == {"dropout"}
+
+
+def test_gpt2_config_matches() -> None:
+    gpt2 = bench_decode.gpt2_config_for(CONFIGS["mid"], n_positions=576)
+    assert (gpt2["n_embd"], gpt2["n_layer"], gpt2["n_head"], gpt2["n_inner"], gpt2["vocab_size"]) == (
+        256,
+        6,
+        8,
+        1024,
+        10000,
+    )
+    with pytest.raises(ValueError, match="n_head \\* d_head == d_model"):
+        bench_decode.gpt2_config_for(dict(CONFIGS["mid"], d_head=16), n_positions=576)
+    prompt = bench_decode.make_prompt(10000, 8, 512, seed=0)
+    assert prompt.min() >= 1 and torch.equal(prompt, bench_decode.make_prompt(10000, 8, 512, seed=0))
