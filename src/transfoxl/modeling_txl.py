@@ -506,26 +506,36 @@ class TxlAdaptiveLogSoftmax(nn.Module):
                 self.output_projections.append(nn.Parameter(torch.empty(config.d_model, width)))
                 self.output_layers.append(TxlOutputLayer(width, self.bounds[cluster + 1] - self.bounds[cluster]))
 
-    def _cluster_parameters(self, cluster: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Weight `[n_i, d_i]`, bias `[n_i]` and projection `[E, d_i]` (or None) of cluster `cluster`; the head's
-        weight and bias end with one row per tail cluster."""
+    def _own_parameters(self, cluster: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Weight `[n_i, d_i]`, bias `[n_i]` and projection `[E, d_i]` (or None) of the tokens of cluster `cluster`
+        (views of the parameters: no copy)."""
         if self.div_val == 1:
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
             weight, bias = self.output_layers[0].weight[low:high], self.output_layers[0].bias[low:high]
         else:
             weight, bias = self.output_layers[cluster].weight, self.output_layers[cluster].bias
+        projection = self.output_projections[cluster] if len(self.output_projections) > 0 else None
+        return weight, bias, projection
+
+    def _cluster_parameters(self, cluster: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`_own_parameters`, the head's weight and bias followed by one row per tail cluster (one tensor each, for
+        the training kernel: a copy of the head's weight)."""
+        weight, bias, projection = self._own_parameters(cluster)
         if cluster == 0 and self.n_clusters > 1:
             weight = torch.cat([weight, self.cluster_weight], dim=0)
             bias = torch.cat([bias, self.cluster_bias], dim=0)
-        projection = self.output_projections[cluster] if len(self.output_projections) > 0 else None
         return weight, bias, projection
 
     def _cluster_logits(self, hidden_states: torch.Tensor, cluster: int) -> torch.Tensor:
         """Logits `[N, n_i]` of cluster `cluster` (for cluster 0, the head: shortlist plus one per tail cluster)."""
-        weight, bias, projection = self._cluster_parameters(cluster)
+        weight, bias, projection = self._own_parameters(cluster)
         if projection is not None:
             hidden_states = hidden_states @ projection  # [N, d_i]
-        return F.linear(hidden_states, weight, bias)
+        logits = F.linear(hidden_states, weight, bias)
+        if cluster == 0 and self.n_clusters > 1:  # the tail clusters' logits: concatenated, not the head's weight
+            tail_logits = F.linear(hidden_states, self.cluster_weight, self.cluster_bias)  # [N, clusters - 1]
+            logits = torch.cat([logits, tail_logits], dim=-1)
+        return logits
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the whole vocabulary: `[N, E]` -> `[N, V]`."""
