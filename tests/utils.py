@@ -13,6 +13,8 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,3 +182,19 @@ def v4_tokenizer_folder(folder: Path, vocab_name: str, sentinel: Path) -> Path:
     else:
         torch.save(payload, path)
     return path
+
+
+def run_fresh_python(code: str, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run `code` with `args` in a fresh interpreter (stdin closed); it must succeed (its stderr is shown if not)."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

@@ -65,9 +65,7 @@ import importlib.metadata
 import io
 import json
 import os
-import platform
 import pstats
-import resource
 import statistics
 import subprocess
 import sys
@@ -81,8 +79,10 @@ import torch
 
 if __package__:  # imported (`from tools import bench_decode`) or run with `python -m tools.bench_decode`
     from . import configs
+    from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
 else:  # run as a file, `python tools/bench_decode.py`: its folder is the first entry of sys.path
     import configs
+    from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 IMPLEMENTATIONS = ("transfoxl", "gpt2")
@@ -107,23 +107,9 @@ FULL = dict(
     matmul_shapes=[(512, 1024, 4096), (512, 4096, 1024), (2048, 2048, 2048)],  # [m, k] x [k, n]
     mv_shapes=[(16384, 4096), (4096, 16384)],  # [rows, cols] x [cols]: 256 MB each
 )
-QUICK = dict(
-    FULL,
-    mid_config="tiny",
-    wt103_config="tiny_wt103",
-    mid_mem_len=16,
-    wt103_mem_len=20,
-    prompt_len=16,
-    new_tokens=5,
-    runs=1,
-    batch_sizes=[1, 2],
-    wt103_new_tokens=4,
-    wt103_runs=1,
-    profile_steps=4,
-    rate_repeats=3,
-    matmul_shapes=[(64, 64, 64)],
-    mv_shapes=[(512, 512)],
-)
+QUICK = dict(FULL, mid_config="tiny", wt103_config="tiny_wt103", mid_mem_len=16, wt103_mem_len=20, prompt_len=16)
+QUICK.update(new_tokens=5, runs=1, batch_sizes=[1, 2], wt103_new_tokens=4, wt103_runs=1, profile_steps=4)
+QUICK.update(rate_repeats=3, matmul_shapes=[(64, 64, 64)], mv_shapes=[(512, 512)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -250,30 +236,6 @@ def time_repeated(call: Callable[[], object], repeats: int) -> float:
         call()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process, MB (ru_maxrss is in KB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-
-
-def current_rss_mb() -> float:
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return peak_rss_mb()
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -946,13 +908,9 @@ def _run(args: argparse.Namespace) -> int:
             "options": {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()},
         },
         "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
+            **machine_facts(),
             "transformers": transformers.__version__,
             "transfoxl": importlib.metadata.version("transfoxl"),
-            "python": platform.python_version(),
         },
     }
     results["mid"] = None if args.skip_mid else run_mid(settings, args)
@@ -1245,9 +1203,7 @@ def plot_png(results: dict) -> bytes:
         floor_axes.set_xticks(range(len(names)), labels)
         floor_axes.set_ylabel("measured / floor (1 = at the floor)")
         floor_axes.set_title(f"{wt103['config_name']} config, batch 1, against the floors")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return png_bytes(figure)
 
 
 if __name__ == "__main__":

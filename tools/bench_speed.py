@@ -30,12 +30,9 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
-import io
 import json
 import math
 import os
-import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -53,9 +50,11 @@ import torch
 # transformers 4.37.2 virtualenv, where neither transfoxl nor transformers v5 exists.
 if __package__:  # imported (`from tools import bench_speed`) or run with `python -m tools.bench_speed`
     from . import configs, v4
+    from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
 else:  # run as a file, `python tools/bench_speed.py`: its folder is the first entry of sys.path
     import configs
     import v4
+    from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_DROPOUT = 0.1  # in the config of every run: training runs in train mode, the others in eval mode
@@ -139,21 +138,6 @@ def cluster_fractions(tokens: torch.Tensor, config: Mapping[str, Any]) -> list[f
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Worker (runs in this venv for transfoxl, in the transformers 4.37.2 one for v4)
-
-
-def current_rss_mb() -> float:
-    """Resident set size now, MB (Linux; elsewhere the peak so far)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return peak_rss_mb()
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process, MB (ru_maxrss is in KB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def load_model(request: dict, *, mem_len: int) -> torch.nn.Module:
@@ -385,16 +369,6 @@ def matmul_rates(repeats: int = 30) -> dict[str, float]:
     return rates
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def make_tokens(kind: str, vocab_size: int, shapes: dict[str, tuple[int, int]], seed: int) -> dict[str, torch.Tensor]:
     """Seeded token ids for each phase: uniform over the vocabulary, or Zipf (p proportional to 1 / (id + 1))."""
     tokens = {}
@@ -624,13 +598,9 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
             "options": {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()},
         },
         "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
+            **machine_facts(),
             "transformers": importlib.metadata.version("transformers"),
             "transformers_v4": v4_transformers,
-            "python": platform.python_version(),
         },
         "matmul_gflops": {"before": matmul_before, "after": matmul_after, "ceiling": ceiling},
         "flops_per_token": flops,
@@ -859,9 +829,7 @@ def plot_png(results: dict) -> bytes:
         right.legend()
     else:
         right.set_axis_off()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return png_bytes(figure)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""What the benchmarks record about the machine and the process (memory in use, the CPU's name); their plots' bytes.
+
+Only the standard library: bench_speed.py's worker imports this inside the transformers 4.37.2 virtualenv.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import platform
+import resource
+import sys
+from pathlib import Path
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process, MB (ru_maxrss is in KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def current_rss_mb() -> float:
+    """Resident set size now, MB (Linux; elsewhere the peak so far)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return peak_rss_mb()
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def png_bytes(figure) -> bytes:
+    """A matplotlib figure as PNG bytes (written atomically by the caller)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def machine_facts() -> dict[str, object]:
+    """The CPU, its cores, the torch version and threads, the Python version: what every benchmark records."""
+    import torch
+
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
