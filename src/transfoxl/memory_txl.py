@@ -260,7 +260,10 @@ class TxlMemory(Cache):
         self.mem_len = mem_len
         self._padding = SlidingWindow(dim=1, max_len=mem_len)  # [B, M] bool, True = padding
         self._token_ids = SlidingWindow(dim=1, max_len=mem_len)  # [B, <= M] ids of the latest tokens, -1 = unknown
-        self.seen_tokens = 0  # tokens of the stream run through the model so far (per row; padding included)
+        # Tokens of the stream run through the model so far (per row; padding included); None once unknown: a
+        # forward traced by torch.compile / torch.export does not count (a Python counter would be a guard that
+        # changes every call, recompiling each time).
+        self.seen_tokens: int | None = 0
 
     @classmethod
     def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
@@ -316,6 +319,11 @@ class TxlMemory(Cache):
     def update_tokens(self, input_ids: torch.Tensor | None, *, batch: int, q_len: int, device: torch.device) -> None:
         """Count a segment of `q_len` tokens as seen and keep the ids of the latest ones (`input_ids` `[B, Q]`, or
         None for embedded inputs, whose ids are unknown)."""
+        if torch.compiler.is_compiling():
+            self.seen_tokens = None
+            return
+        if self.seen_tokens is None:
+            return
         self.seen_tokens += q_len
         if self.mem_len > 0:
             if input_ids is None:
@@ -329,10 +337,11 @@ class TxlMemory(Cache):
         whole sequence again, while this package's convention is to pass only tokens that are new to the memory.
         The two are told apart by the ids: when `input_ids` is longer than the `seen_tokens` of the stream and its
         tokens just before position `seen_tokens` are the ones the memory holds (all of them while the stream is
-        shorter than `mem_len`), the first `seen_tokens` are the memory's and 0 is returned otherwise.
+        shorter than `mem_len`), the first `seen_tokens` are the memory's; 0 otherwise, and while `seen_tokens` is
+        unknown (None: after a compiled or exported forward, until `reset()`).
         """
         seen, kept = self.seen_tokens, self._token_ids.value
-        if seen == 0 or kept is None or input_ids.shape[1] <= seen or kept.shape[0] != input_ids.shape[0]:
+        if not seen or kept is None or input_ids.shape[1] <= seen or kept.shape[0] != input_ids.shape[0]:
             return 0
         count = min(kept.shape[1], seen)
         matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])
@@ -377,7 +386,7 @@ def is_txl_memory(value: object) -> bool:
     )
 
 
-def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple[int, int, int]]:
+def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple[int, int, int | None]]:
     """The tensors of a memory (the hidden states of each layer, the padding flags, the token ids) and what
     rebuilds it around them: a memory is a pytree, so torch.export takes it as an input and gives it as an output.
     The inference-only keys and values are left out (recomputed from the hidden states)."""
@@ -385,7 +394,7 @@ def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple
     return children, (len(memory.layers), memory.mem_len, memory.seen_tokens)
 
 
-def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[int, int, int]) -> TxlMemory:
+def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[int, int, int | None]) -> TxlMemory:
     num_layers, mem_len, seen_tokens = context
     memory = TxlMemory(num_layers=num_layers, mem_len=mem_len)
     for layer, hidden in zip(memory.layers, children[:num_layers]):
@@ -397,7 +406,7 @@ def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[in
     return memory
 
 
-def _flatten_memory_with_keys(memory: TxlMemory) -> tuple[list[tuple], tuple[int, int, int]]:
+def _flatten_memory_with_keys(memory: TxlMemory) -> tuple[list[tuple], tuple[int, int, int | None]]:
     children, context = _flatten_memory(memory)
     return [(pytree.SequenceKey(index), child) for index, child in enumerate(children)], context
 
