@@ -9,12 +9,19 @@ import torch.nn.functional as F
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
-from transfoxl.kernels_txl import relative_attention, relative_attention_applies, relu_dropout
+from transfoxl.kernels_txl import (
+    attention_by_query_blocks,
+    one_query_attention,
+    relative_attention,
+    relative_attention_applies,
+    relu_dropout,
+)
 from transfoxl.modeling_txl import (
     TxlDropout,
     causal_memory_mask,
     eager_relative_attention,
     relative_shift,
+    sdpa_relative_attention,
     shifted_position_scores,
 )
 
@@ -71,6 +78,109 @@ def test_cpu_training_kernel_equals_eager_attention(q_len, mem_len, mask_kind):
     torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def _attention_inputs(batch, heads, q_len, mem_len, head_dim=8, seed=0):
+    """Query, key, value (strided views, as in the model), rel_key and the biases of a relative attention."""
+    torch.manual_seed(seed)
+    k_len = q_len + mem_len
+    query = torch.randn(batch, q_len, heads, head_dim).transpose(1, 2)
+    key, value = torch.randn(batch, k_len, 2 * heads, head_dim).transpose(1, 2).chunk(2, dim=1)
+    rel_key = torch.randn(heads, k_len, head_dim)
+    return query, key, value, rel_key, torch.randn(heads, head_dim), torch.randn(heads, head_dim)
+
+
+def _mask(kind, batch, q_len, mem_len, max_mem_len):
+    """None, the causal mask, the same_length one, or the causal one with padded keys (row 1's first and last
+    memory positions) as a [B, 1, Q, K] mask."""
+    if kind == "none":
+        return None
+    same_length = kind == "same_length"
+    mask = causal_memory_mask(q_len, mem_len, same_length=same_length, max_mem_len=max_mem_len, device="cpu")
+    if mask is None:  # one query that sees every key
+        mask = torch.zeros(q_len, q_len + mem_len, dtype=torch.bool)
+    if kind == "padding":
+        mask = mask[None, None].repeat(batch, 1, 1, 1)
+        mask[1, ..., 0] = True
+        mask[1, ..., max(0, mem_len - 1)] = True
+    return mask
+
+
+@pytest.mark.parametrize(("mem_len", "mask_kind"), [(0, "none"), (9, "none"), (9, "padding"), (12, "same_length")])
+def test_one_query_attention_equals_eager_attention(mem_len, mask_kind):
+    """Decoding's path (one query, the positional product per head, no SDPA) gives eager's output, also with the
+    padding and same_length masks a decoded token may carry; gradients too (it is plain autograd)."""
+    batch, heads = 3, 4
+    inputs = _attention_inputs(batch, heads, 1, mem_len)
+    for tensor in inputs:
+        tensor.requires_grad_()
+    mask = _mask(mask_kind, batch, 1, mem_len, max_mem_len=8)
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
+    output = one_query_attention(*inputs, mask, scaling=0.3)
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+    weights = torch.randn_like(expected)
+    grads = torch.autograd.grad((output * weights).sum(), inputs)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("q_len", "mem_len", "block", "mask_kind"),
+    [
+        (10, 0, 4, "causal"),
+        (10, 7, 3, "causal"),
+        (9, 5, 9, "causal"),
+        (11, 6, 4, "padding"),
+        (12, 8, 5, "same_length"),
+    ],
+)
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_attention_by_query_blocks_equals_the_whole_segment(q_len, mem_len, block, mask_kind, attention):
+    """A block of queries against the keys up to its last query (a memory of M + s, a segment of e - s) is the
+    same relative attention: the blocks together give the whole segment's output, for the causal, padded and
+    same_length masks (keys beyond the frontier are hidden by all of them)."""
+    batch, heads = 3, 2
+    inputs = _attention_inputs(batch, heads, q_len, mem_len, seed=q_len + mem_len)
+    mask = _mask(mask_kind, batch, q_len, mem_len, max_mem_len=mem_len)
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
+    function = sdpa_relative_attention if attention == "sdpa" else lambda *a, **k: eager_relative_attention(*a, **k)[0]
+    output = attention_by_query_blocks(function, *inputs, mask, block=block, scaling=0.3, dropout=0.0)
+    assert output.shape == expected.shape
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+
+
+def test_inference_takes_the_one_query_and_block_paths_and_matches_eager(monkeypatch):
+    """Through the whole model (sdpa, inference): a long segment goes by query blocks, each decoded token by the
+    one-query path, and logits equal the eager model's with the same memory, segment after segment."""
+    from transfoxl import modeling_txl
+
+    taken = {"blocks": 0, "one_query": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            taken[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(modeling_txl, "attention_by_query_blocks", counting("blocks", attention_by_query_blocks))
+    monkeypatch.setattr(modeling_txl, "one_query_attention", counting("one_query", one_query_attention))
+    fast = tiny_lm(mem_len=16, attn_implementation="sdpa")
+    eager = tiny_lm(mem_len=16, attn_implementation="eager")
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "query_block", 5)
+    ids = covering_ids(97, batch=2, length=23)
+    with torch.no_grad():
+        memories = [None, None]
+        for segment in (ids[:, :12], ids[:, 12:13], ids[:, 13:14], ids[:, 14:]):
+            outputs = []
+            for index, model in enumerate((fast, eager)):
+                output = model(segment, past_key_values=memories[index], use_cache=True)
+                memories[index] = output.past_key_values
+                outputs.append(output.logits)
+            torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=1e-5)
+    assert taken["blocks"] == 2 * fast.config.n_layer  # the 12- and 9-token segments
+    assert taken["one_query"] == 2 * fast.config.n_layer  # the two decoded tokens
 
 
 def test_cpu_training_kernel_is_taken_only_where_it_applies():

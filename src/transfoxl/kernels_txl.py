@@ -21,7 +21,7 @@ Shapes: B batch, H heads, Q queries (segment), K keys (memory + segment), D head
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +167,83 @@ def relative_attention(
         content_query, position_query, key, value, pad_relative_keys(rel_key), additive_mask, bias_shift, scaling
     )
     return output.view(heads, batch, q_len, head_dim).transpose(0, 1)  # [B, H, Q, D]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Attention in inference: decoding one token, and long segments a block of queries at a time
+
+
+def one_query_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scaling: float,
+) -> torch.Tensor:
+    """Relative attention for one query per sequence (Q = 1, decoding), without dropout: the contract of
+    `modeling_txl.eager_relative_attention` (mask `[1, K]` or `[B, 1, 1, K]` or None), the output `[B, H, 1, D]`.
+
+    One query needs no shift (its scores are already indexed by key position). The positional product is one matrix
+    product per head, `[H, B, D] x [H, D, K]`, because W_{k,R} R is shared by the batch: a `[B, H, 1, D] @ [H, D, K]`
+    broadcast would copy rel_key once per sequence. A float bias would also send SDPA to its masked kernel; here the
+    two score terms are added in a `[B, H, 1, K]` tensor, which is small.
+    """
+    query = query.squeeze(2)  # [B, H, D]
+    position_query = ((query + position_bias) * scaling).transpose(0, 1)  # [H, B, D]
+    position_scores = torch.bmm(position_query, rel_key.transpose(1, 2))  # [H, B, K]
+    content_query = ((query + content_bias) * scaling).unsqueeze(2)  # [B, H, 1, D]
+    scores = torch.matmul(content_query, key.transpose(-1, -2))  # [B, H, 1, K]
+    scores.add_(position_scores.transpose(0, 1).unsqueeze(2))
+    if mask is not None:
+        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(probs, value)  # [B, H, 1, D]
+
+
+def attention_by_query_blocks(
+    attention: Callable[..., torch.Tensor],
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    block: int,
+    **options,
+) -> torch.Tensor:
+    """`attention(query, key, ..., mask, **options)` (the contract of `modeling_txl.eager_relative_attention`) computed
+    `block` queries at a time, each block against the keys it may see: the output `[B, H, Q, D]`.
+
+    `mask` must hide every key after a query's own position (j > M + i, as every mask the model builds does):
+    queries [s, e) then see keys [0, M + e) only, which is exactly a segment of e - s queries after a memory of M + s,
+    so each block is the same relative attention over a prefix of the keys and the last M + e rows of rel_key.
+    Skipping the hidden keys saves up to half of the score products of a causal segment, and a block's `[B, H, e - s,
+    M + e]` scores stay in the CPU's caches instead of going through memory several times.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    k_len = key.shape[2]
+    mem_len = k_len - q_len
+    output = query.new_empty(batch, q_len, heads, head_dim)  # the layout the output projection reads
+    for start in range(0, q_len, block):
+        end = min(q_len, start + block)
+        visible = mem_len + end
+        output[:, start:end] = attention(
+            query[:, :, start:end],
+            key[:, :, :visible],
+            value[:, :, :visible],
+            rel_key[:, k_len - visible :],  # distances visible - 1, ..., 0
+            content_bias,
+            position_bias,
+            mask[..., start:end, :visible],
+            **options,
+        ).transpose(1, 2)
+    return output.transpose(1, 2)  # [B, H, Q, D]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

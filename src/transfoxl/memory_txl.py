@@ -43,6 +43,10 @@ class SlidingWindow:
             return None
         return self.buffer.narrow(self.dim, self.start, self.end - self.start)
 
+    def __len__(self) -> int:
+        """How many entries are kept (without making a view: decoding asks once per layer per token)."""
+        return self.end - self.start
+
     def replace(self, tensor: torch.Tensor | None) -> None:
         """Keep exactly `tensor` (its last `max_len` entries), or nothing."""
         if tensor is not None and tensor.shape[self.dim] > self.max_len:
@@ -53,17 +57,18 @@ class SlidingWindow:
     def append(self, new: torch.Tensor) -> torch.Tensor:
         """Append `new`; return a view of the kept entries followed by `new`, then keep only the last `max_len`."""
         count = new.shape[self.dim]
-        kept = self.value
+        buffer = self.buffer
         # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
         # forbids writing into it: use a new buffer then. Inference writes in place, except into a buffer made under
         # torch.inference_mode() when that mode is off (torch forbids it).
-        in_place = (
-            not torch.is_grad_enabled()
-            and self.buffer is not None
-            and self.buffer.dtype == new.dtype
-            and (torch.is_inference_mode_enabled() or not self.buffer.is_inference())
-        )
-        if not in_place or self.end + count > self.buffer.shape[self.dim]:
+        if (
+            buffer is None
+            or torch.is_grad_enabled()
+            or buffer.dtype != new.dtype
+            or self.end + count > buffer.shape[self.dim]
+            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
+        ):
+            kept = self.value
             kept_len = 0 if kept is None else kept.shape[self.dim]
             shape = list(new.shape)
             shape[self.dim] = kept_len + count + self.room
@@ -71,9 +76,9 @@ class SlidingWindow:
             if kept is not None:
                 buffer.narrow(self.dim, 0, kept_len).copy_(kept)
             self.buffer, self.start, self.end = buffer, 0, kept_len
-        self.buffer.narrow(self.dim, self.end, count).copy_(new)
+        buffer.narrow(self.dim, self.end, count).copy_(new)
         self.end += count
-        full = self.buffer.narrow(self.dim, self.start, self.end - self.start)
+        full = buffer.narrow(self.dim, self.start, self.end - self.start)
         self.start = max(self.start, self.end - self.max_len)
         return full
 
@@ -151,11 +156,15 @@ class TxlMemoryLayer(CacheLayerMixin):
         """This layer's memory for the next segment (with its kept projections in inference)."""
         return LayerMemory(self.hidden, self if keep_projections else None)
 
+    def has_projections(self, projection_version: tuple) -> bool:
+        """Whether keys and values of every memory position are kept, made by weights `projection_version`."""
+        kept = len(self._keys)
+        # (kept < the memory's length: the hidden states moved on without them)
+        return self.projection_version == projection_version and kept > 0 and kept == len(self._hidden)
+
     def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The kept keys and values `[B, H, M, D]` if weights `projection_version` made them, else None."""
-        if self.projection_version != projection_version or self._keys.value is None:
-            return None
-        if self._keys.value.shape[2] != self.get_seq_length():  # the hidden states moved on without them
+        if not self.has_projections(projection_version):
             return None
         return self._keys.value, self._values.value
 
@@ -178,8 +187,7 @@ class TxlMemoryLayer(CacheLayerMixin):
         self.projection_version = None
 
     def get_seq_length(self) -> int:
-        hidden = self.hidden
-        return 0 if hidden is None else hidden.shape[1]
+        return len(self._hidden)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0

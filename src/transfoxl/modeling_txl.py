@@ -68,7 +68,9 @@ from .checks_txl import (
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .kernels_txl import (
     adaptive_nll,
+    attention_by_query_blocks,
     float32_cpu_training,
+    one_query_attention,
     pad_relative_keys,
     relative_attention,
     relative_attention_applies,
@@ -222,6 +224,12 @@ def _is_plain_linear(module: nn.Module) -> bool:
     )
 
 
+def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
+    """`module(inputs)`, skipped when it would return `inputs` unchanged (evaluation, p = 0): decoding a token
+    would otherwise spend a module call per sub-layer on nothing."""
+    return module(inputs) if module.training and module.p > 0 else inputs
+
+
 def _inference_caches_apply(projection: nn.Module) -> bool:
     """Whether results of `projection` may be kept across calls, keyed on its weight's storage and version: not for
     an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export), where
@@ -236,6 +244,7 @@ class TxlRelativeAttention(nn.Module):
         super().__init__()
         self.config = config
         self.n_head, self.d_head = config.n_head, config.d_head
+        self.pre_lnorm = config.pre_lnorm
         inner = config.n_head * config.d_head
         # Rows of the fused weight: [0, inner) query, [inner, 2 inner) key, [2 inner, 3 inner) value (the original's).
         self.qkv_proj = nn.Linear(config.d_model, 3 * inner, bias=False)
@@ -249,13 +258,29 @@ class TxlRelativeAttention(nn.Module):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
         self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
 
+    # Long segments in inference on a CPU attend `query_block` queries at a time (`attention_by_query_blocks`): each
+    # block's scores stay in cache, and the keys after a block's last query are skipped (docs/performance.md).
+    query_block = 64
+
+    def _by_query_blocks(self, query: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
+        """Whether SDPA runs a block of queries at a time: inference (nothing needs a gradient) on a CPU, a segment
+        longer than a block, and a causal mask (every mask the model builds for more than one query)."""
+        return (
+            query.shape[2] > self.query_block
+            and mask is not None
+            and dropout == 0.0
+            and query.device.type == "cpu"
+            and not (torch.is_grad_enabled() and query.requires_grad)
+            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        )
+
     def projection_version(self) -> tuple | None:
         """Identifies the weights that turn the memory into keys and values; changes whenever they are modified.
         None where that cannot be told (an adapter or hook on the projection, tracing): nothing is then kept."""
         if not _inference_caches_apply(self.qkv_proj):
             return None
         weights = [self.qkv_proj.weight]
-        if self.config.pre_lnorm:
+        if self.pre_lnorm:
             weights += [self.layer_norm.weight, self.layer_norm.bias]
         return tuple((weight.data_ptr(), weight._version) for weight in weights)
 
@@ -273,7 +298,7 @@ class TxlRelativeAttention(nn.Module):
         cached = self._position_table
         if cached is None or cached[0] != key or cached[1] is not table:
             projected = self.pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
-            cached = self._position_table = (key, table, projected)  # [H, L, D]
+            cached = self._position_table = (key, table, projected.contiguous())  # [H, L, D], heads apart
         projected = cached[2]
         return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
@@ -299,13 +324,13 @@ class TxlRelativeAttention(nn.Module):
         version = None if store is None else self.projection_version()
         if store is not None and version is None:  # the kept keys could not be kept in step with the weights
             store.drop_projections()
-        kept = None if version is None or hidden_memory is None else store.projections(version)
+        kept = version is not None and hidden_memory is not None and store.has_projections(version)
 
-        if kept is None:  # project [memory; segment], as in the paper
+        if not kept:  # project [memory; segment], as in the paper
             context = hidden_states if hidden_memory is None else torch.cat([hidden_memory, hidden_states], dim=1)
         else:  # the memory's keys and values are kept: only the segment needs projecting
             context = hidden_states  # [B, Q, E]
-        if self.config.pre_lnorm:
+        if self.pre_lnorm:
             context = self.layer_norm(context)
 
         inner = self.n_head * self.d_head
@@ -321,7 +346,7 @@ class TxlRelativeAttention(nn.Module):
             qkv = self.qkv_proj(context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)
             query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
             query = query[:, :, -q_len:]  # [B, H, Q, D]
-        if kept is not None:
+        if kept:
             key, value = store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
         elif version is not None:
             store.store_projections(key, value, version)
@@ -339,11 +364,17 @@ class TxlRelativeAttention(nn.Module):
             attn_output, attn_weights = eager_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         elif relative_attention_applies(query, key, value, rel_key, dropout):
             attn_output = relative_attention(*arguments, scaling=self.scaling)
+        elif q_len == 1 and dropout == 0.0:  # decoding
+            attn_output = one_query_attention(*arguments, scaling=self.scaling)
+        elif self._by_query_blocks(query, mask, dropout):
+            attn_output = attention_by_query_blocks(
+                sdpa_relative_attention, *arguments, block=self.query_block, scaling=self.scaling, dropout=0.0
+            )
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
-        attn_output = self.dropout(self.o_proj(attn_output))  # [B, Q, E]
-        if self.config.pre_lnorm:
+        attn_output = _dropout(self.dropout, self.o_proj(attn_output))  # [B, Q, E]
+        if self.pre_lnorm:
             return hidden_states + attn_output, attn_weights
         return self.layer_norm(hidden_states + attn_output), attn_weights
 
@@ -370,7 +401,7 @@ class TxlFeedForward(nn.Module):
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
         inner = relu_dropout(self.up_proj(inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
-        output = self.dropout(self.down_proj(inner))
+        output = _dropout(self.dropout, self.down_proj(inner))
         if self.pre_lnorm:
             return hidden_states + output
         return self.layer_norm(hidden_states + output)
@@ -890,8 +921,8 @@ class TxlModel(TxlPreTrainedModel):
                 mask if mask is not None else torch.zeros(q_len, k_len, dtype=torch.bool, device=key_padding.device)
             )
             mask = causal | key_padding[:, None, None, :]  # [B, 1, Q, K]
-        positions = self.dropout(self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
-        hidden_states = self.dropout(inputs_embeds)
+        positions = _dropout(self.dropout, self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
+        hidden_states = _dropout(self.dropout, inputs_embeds)
 
         # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.
         keep_projections = use_cache and not self.training and not torch.is_grad_enabled()
@@ -914,7 +945,7 @@ class TxlModel(TxlPreTrainedModel):
                 if not keep_projections:
                     memory_layer.drop_projections()
                 memory_layer.update(layer_inputs[-1])
-        hidden_states = self.dropout(hidden_states)
+        hidden_states = _dropout(self.dropout, hidden_states)
 
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
