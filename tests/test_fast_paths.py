@@ -12,6 +12,7 @@ from tests.utils import tiny_lm
 from transfoxl.kernels_txl import (
     attention_by_query_blocks,
     one_query_attention,
+    one_row_linear,
     relative_attention,
     relative_attention_applies,
     relu_dropout,
@@ -429,3 +430,45 @@ def test_autocast_runs_through_the_whole_model(dtype, implementation, one_thread
     assert torch.isfinite(logits).all() and logits.dtype == torch.float32
     assert abs(output.loss.item() - reference) < 0.2  # low precision, and one more segment of context
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize(("out_features", "bias"), [(12, True), (12, False), (7, True)])
+def test_one_row_linear_equals_f_linear(out_features, bias):
+    """Decoding's product (the weight's halves by the row as a column, batched) is F.linear; odd or transposed
+    weights fall back to it."""
+    torch.manual_seed(out_features)
+    weight = torch.randn(out_features, 9)
+    bias_tensor = torch.randn(out_features) if bias else None
+    for inputs in (torch.randn(1, 1, 9), torch.randn(1, 9), torch.randn(9)):
+        expected = F.linear(inputs, weight, bias_tensor)
+        output = one_row_linear(inputs, weight, bias_tensor)
+        assert output.shape == expected.shape
+        torch.testing.assert_close(output, expected, rtol=0, atol=1e-6)
+    transposed = torch.randn(9, out_features).t()
+    torch.testing.assert_close(one_row_linear(inputs, transposed), F.linear(inputs, transposed), rtol=0, atol=1e-6)
+
+
+def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logits(monkeypatch):
+    """Each linear product of a decoded token at batch 1 (projections, feed-forward, output clusters) goes through
+    `one_row_linear`, and the logits equal those of the plain F.linear path."""
+    from transfoxl import modeling_txl
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape)
+        return one_row_linear(*args, **kwargs)
+
+    model = tiny_lm(mem_len=16)
+    ids = covering_ids(97, batch=1, length=9)
+    with torch.no_grad():
+        memory = model(ids[:, :8], use_cache=True).past_key_values
+        monkeypatch.setattr(modeling_txl, "one_row_linear", counting)
+        fast = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
+        memory = model(ids[:, :8], use_cache=True).past_key_values  # a new stream, same prefix
+    layers = model.config.n_layer
+    assert len(calls) >= 4 * layers + model.adaptive_softmax.n_clusters  # qkv, o, up, down per layer; each cluster
+    with torch.no_grad():
+        monkeypatch.setattr(modeling_txl, "_one_row_inference", lambda inputs, weight: False)
+        expected = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
+    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)

@@ -246,6 +246,27 @@ def attention_by_query_blocks(
     return output.transpose(1, 2)  # [B, H, Q, D]
 
 
+def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(inputs, weight, bias)` for one row (decoding a token at batch 1): `[..., in]` with one row in all ->
+    `[..., out]`.
+
+    A product with one row is a matrix-vector product, bound by reading the weight. On a CPU, BLAS reads a row-major
+    weight for one row of inputs at a lower rate than it reads it as two halves, each multiplied by the row as a
+    column in a batched product (one half per thread, each a plain matrix-vector product); docs/performance.md has
+    the rates. Falls back to `F.linear` when the rows do not split in two or the weight is not row-major.
+    """
+    out_features, in_features = weight.shape
+    if out_features % 2 != 0 or not weight.is_contiguous():
+        return F.linear(inputs, weight, bias)
+    halves = weight.view(2, out_features // 2, in_features)
+    column = inputs.reshape(1, in_features).t().expand(2, in_features, 1)  # strides (0, 1, in): BLAS-ready
+    if bias is None:
+        output = torch.bmm(halves, column)  # [2, out / 2, 1]
+    else:
+        output = torch.baddbmm(bias.view(2, out_features // 2, 1), halves, column)
+    return output.view(*inputs.shape[:-1], out_features)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Dropout
 

@@ -71,6 +71,7 @@ from .kernels_txl import (
     attention_by_query_blocks,
     float32_cpu_training,
     one_query_attention,
+    one_row_linear,
     pad_relative_keys,
     relative_attention,
     relative_attention_applies,
@@ -212,6 +213,35 @@ def sdpa_relative_attention(
     )
 
 
+def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `inputs` is one row (decoding a token at batch 1) in float CPU inference, outside autocast and tracing:
+    where `kernels_txl.one_row_linear` applies."""
+    return (
+        inputs.numel() == inputs.shape[-1]
+        and inputs.device.type == "cpu"
+        and inputs.dtype == weight.dtype
+        and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")
+        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    )
+
+
+def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`; one row in CPU inference goes through `one_row_linear` (the same product, read faster)."""
+    if _one_row_inference(inputs, weight):
+        return one_row_linear(inputs, weight, bias)
+    return F.linear(inputs, weight, bias)
+
+
+def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """`module(inputs)` for a linear layer: a bare `nn.Linear` (no adapter, hook or replaced forward) by `_linear`."""
+    if type(module) is nn.Linear and not (
+        module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+    ):
+        return _linear(inputs, module.weight, module.bias)
+    return module(inputs)
+
+
 def _is_plain_linear(module: nn.Module) -> bool:
     """Whether `module` is a bare `nn.Linear` without bias (not wrapped by an adapter, hooked or replaced): its weight
     alone then says what it computes, so the weight may be sliced, and results keyed on it."""
@@ -343,7 +373,7 @@ class TxlRelativeAttention(nn.Module):
             key_value = key_value.view(batch, context.shape[1], 2 * self.n_head, self.d_head).transpose(1, 2)
             key, value = key_value.chunk(2, dim=1)  # [B, H, K, D] each
         else:  # the module call; the memory's queries, if any, are computed and dropped
-            qkv = self.qkv_proj(context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)
+            qkv = _project(self.qkv_proj, context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)
             query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
             query = query[:, :, -q_len:]  # [B, H, Q, D]
         if kept:
@@ -373,7 +403,7 @@ class TxlRelativeAttention(nn.Module):
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
-        attn_output = _dropout(self.dropout, self.o_proj(attn_output))  # [B, Q, E]
+        attn_output = _dropout(self.dropout, _project(self.o_proj, attn_output))  # [B, Q, E]
         if self.pre_lnorm:
             return hidden_states + attn_output, attn_weights
         return self.layer_norm(hidden_states + attn_output), attn_weights
@@ -400,8 +430,8 @@ class TxlFeedForward(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
-        inner = relu_dropout(self.up_proj(inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
-        output = _dropout(self.dropout, self.down_proj(inner))
+        inner = relu_dropout(_project(self.up_proj, inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
+        output = _dropout(self.dropout, _project(self.down_proj, inner))
         if self.pre_lnorm:
             return hidden_states + output
         return self.layer_norm(hidden_states + output)
@@ -561,8 +591,8 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         """Logits `[N, n_i]` of cluster `cluster` (for cluster 0, the head: shortlist plus one per tail cluster)."""
         weight, bias, projection = self._own_parameters(cluster)
         if projection is not None:
-            hidden_states = hidden_states @ projection  # [N, d_i]
-        logits = F.linear(hidden_states, weight, bias)
+            hidden_states = _linear(hidden_states, projection.t())  # [N, d_i]
+        logits = _linear(hidden_states, weight, bias)
         if cluster == 0 and self.n_clusters > 1:  # the tail clusters' logits: concatenated, not the head's weight
             tail_logits = F.linear(hidden_states, self.cluster_weight, self.cluster_bias)  # [N, clusters - 1]
             logits = torch.cat([logits, tail_logits], dim=-1)
