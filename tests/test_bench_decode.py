@@ -1,15 +1,20 @@
-"""tools/bench_decode.py: a quick run on tiny models (both parts, the profile), the counts by hand, options."""
+"""tools/bench_decode.py: a quick run on tiny models (both parts, the profile), the counts by hand, options, and
+the comparison with transformers 4.37.2 fed by hand (its virtualenv is never made here)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tools import bench_decode, bench_speed
+from tests.utils import run_fresh_python
+from tools import bench_decode, bench_speed, machine
 from tools.configs import CONFIGS, model_config
 from transfoxl import TxlConfig
 
@@ -89,9 +94,12 @@ def test_quick_run_wt103_part(quick_run: Path) -> None:
     assert 0 < wt103["weight_bytes"]["read"] < wt103["weight_bytes"]["all"] == 4 * wt103["parameters"]
     assert wt103["peak_rss_mb"] >= wt103["loaded_rss_mb"] > 0
     assert abs(sum(wt103["input_fractions"]) - 1) < 1e-6
+    # --quick skips transformers 4.37.2: transfoxl built the seeded model itself
+    assert wt103["v4"] is None and wt103["model_source"] == "seeded transfoxl model"
     table = (quick_run / "decode.md").read_text()
     assert "## tiny_wt103 configuration against the machine's floors" in table
     assert "| decode step, generate() (ms) |" in table
+    assert "transformers 4.37.2: not run (--skip-v4, or --quick without --with-v4)." in table
 
 
 def test_quick_run_profile(quick_run: Path) -> None:
@@ -128,6 +136,7 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0
     usage = capsys.readouterr().out
     assert "usage: bench_decode.py" in usage and "--skip-wt103" in usage and "--quick" in usage
+    assert "--skip-v4" in usage and "--with-v4" in usage and "--v4-model" in usage
 
 
 @pytest.mark.parametrize(
@@ -140,6 +149,8 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["--threads", "0"], "--threads must be >= 1, got 0"),
         (["--profile-threads", "0"], "--profile-threads must be >= 1, got 0"),
         (["--stem", "a/b"], "--stem must be a file name without a folder"),
+        (["--skip-v4", "--with-v4"], "--skip-v4 and --with-v4 contradict each other"),
+        (["--with-v4", "--wt103-new-tokens", "2"], "--wt103-new-tokens must be >= 3 when transformers 4.37.2 runs"),
     ],
 )
 def test_option_errors_name_the_option(capsys: pytest.CaptureFixture[str], options: list[str], expected: str) -> None:
@@ -228,3 +239,177 @@ def test_gpt2_config_matches() -> None:
         bench_decode.gpt2_config_for(dict(CONFIGS["mid"], d_head=16), n_positions=576)
     prompt = bench_decode.make_prompt(10000, 8, 512, seed=0)
     assert prompt.min() >= 1 and torch.equal(prompt, bench_decode.make_prompt(10000, 8, 512, seed=0))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# transformers 4.37.2: what runs without its virtualenv
+
+
+@pytest.mark.parametrize(
+    ("options", "run_v4"),
+    [
+        ([], True),  # the full benchmark compares with v4
+        (["--skip-v4"], False),
+        (["--skip-wt103"], False),  # v4 belongs to the wt103 part
+        (["--quick"], False),  # the tests: no virtualenv, no network
+        (["--quick", "--with-v4"], True),
+        (["--quick", "--with-v4", "--skip-wt103"], False),
+    ],
+)
+def test_which_runs_compare_with_v4(options: list[str], run_v4: bool) -> None:
+    args = bench_decode.parse_args(options)
+    assert args.run_v4 is run_v4
+    assert bench_decode.parse_args([*options, "--wt103-new-tokens", "3"]).settings["wt103_new_tokens"] == 3
+
+
+def test_top_level_imports_work_in_the_v4_virtualenv() -> None:
+    """The v4 workers run this file in a virtualenv with torch and transformers 4.37.2 only: at the top, nothing but
+    the standard library, torch and this folder's configs, machine and v4 (transfoxl is imported inside functions)."""
+    tree = ast.parse(Path(bench_decode.__file__).read_text())
+    names = set()
+    for node in ast.walk(
+        ast.Module(body=[n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))])
+    ):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add("." if node.level else node.module.split(".")[0])
+    assert names - set(sys.stdlib_module_names) == {"torch", ".", "configs", "v4", "machine"}
+
+
+def test_step_clock_answers_v4_with_one_bool() -> None:
+    """transformers 4.37.2 takes `any(...)` of its criteria: one bool for the batch; later versions a [B] tensor."""
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    assert bench_decode.step_clock(v4_api=True)(ids, None) is False
+    answer = bench_decode.step_clock()(ids, None)
+    assert answer.dtype == torch.bool and answer.shape == (2,) and not answer.any()
+
+
+def save_by_hand(folder: Path, stamp: dict | None) -> None:
+    """What a v4 save leaves: config.json, the weights, and last the stamp (None: an interrupted save)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    if stamp is not None:
+        (folder / bench_decode.V4_STAMP).write_text(json.dumps(stamp))
+
+
+def test_saved_v4_model_is_reused_only_when_it_matches(tmp_path: Path) -> None:
+    config = model_config("tiny_wt103")
+    stamp = bench_decode.v4_model_stamp(config, mem_len=20, seed=0)
+    assert stamp["transformers"] == "4.37.2" and stamp["config"] == config
+    folder = tmp_path / "model"
+    assert not bench_decode.saved_model_matches(folder, stamp)  # nothing there
+    save_by_hand(folder, stamp)
+    assert bench_decode.saved_model_matches(folder, stamp)
+    for other in (
+        bench_decode.v4_model_stamp(config, mem_len=20, seed=1),
+        bench_decode.v4_model_stamp(config, mem_len=24, seed=0),
+        bench_decode.v4_model_stamp(model_config("tiny_wt103", n_layer=3), mem_len=20, seed=0),
+    ):
+        assert not bench_decode.saved_model_matches(folder, other)
+    (folder / "model.safetensors").unlink()
+    assert not bench_decode.saved_model_matches(folder, stamp)  # no weights
+    save_by_hand(tmp_path / "interrupted", None)
+    assert not bench_decode.saved_model_matches(tmp_path / "interrupted", stamp)
+
+
+def test_ensure_v4_model_saves_reuses_and_protects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new save goes through a sibling folder renamed at the end; a matching one is reused without a worker; a
+    folder this script did not save is left alone."""
+    requests = []
+
+    def fake_worker(python: str, request: dict) -> dict:
+        requests.append(request)
+        save_by_hand(Path(request["folder"]), None)
+        return {"parameters": 1, "save_s": 0.5}
+
+    monkeypatch.setattr(bench_decode, "run_worker", fake_worker)
+    stamp = bench_decode.v4_model_stamp(model_config("tiny_wt103"), mem_len=20, seed=0)
+    folder = tmp_path / "decode-v4-model-tiny_wt103"
+    assert bench_decode.ensure_v4_model("v4-python", folder, stamp, 1) == {"saved": True, "save_s": 0.5}
+    assert requests[0]["phase"] == "v4_save" and requests[0]["folder"] == str(folder) + ".partial"
+    assert (requests[0]["mem_len"], requests[0]["seed"], requests[0]["threads"]) == (20, 0, 1)
+    assert bench_decode.saved_model_matches(folder, stamp) and not (tmp_path / (folder.name + ".partial")).exists()
+    assert bench_decode.ensure_v4_model("v4-python", folder, stamp, 1) == {"saved": False, "save_s": None}
+    assert len(requests) == 1  # reused
+    other = bench_decode.v4_model_stamp(model_config("tiny_wt103"), mem_len=20, seed=1)
+    assert bench_decode.ensure_v4_model("v4-python", folder, other, 1)["saved"]  # replaced: it was ours
+    assert bench_decode.saved_model_matches(folder, other) and len(requests) == 2
+    foreign = tmp_path / "someone's model"
+    save_by_hand(foreign, None)
+    with pytest.raises(RuntimeError, match=r"was not saved by bench_decode\.py"):
+        bench_decode.ensure_v4_model("v4-python", foreign, stamp, 1)
+    assert (foreign / "config.json").exists() and len(requests) == 2
+
+
+def generate_run_by_hand(prefill: float, steps: list[float], total: float, tokens: list[int]) -> dict:
+    return bench_decode.generate_run(
+        {"prefill_s": prefill, "steps_s": steps, "total_s": total, "tokens": [tokens]}, load=0.5
+    )
+
+
+def test_comparison_with_v4_summary_table_and_plot(quick_run: Path) -> None:
+    """summarize_v4, its rows in the table and its panel in the plot, from the quick run's wt103 part (no v4) and
+    v4 results made by hand."""
+    results = json.loads((quick_run / "decode.json").read_text())
+    wt103 = results["wt103"]
+    v4_result = {
+        "transformers": "4.37.2",
+        "parameters": wt103["parameters"],
+        "load_s": 0.1,
+        "loaded_rss_mb": 200.0,
+        "peak_rss_mb": 250.0,
+        "threads": 1,
+        "runs": [
+            generate_run_by_hand(0.04, [0.004, 0.008], 0.06, [5, 6, 7, 8]),
+            generate_run_by_hand(0.02, [0.006], 0.05, [5, 6, 7, 8]),
+            generate_run_by_hand(0.03, [0.002, 0.004, 0.009], 0.07, [5, 6, 7, 8]),
+        ],
+    }
+    zero_runs = [generate_run_by_hand(0.01, [0.002, 0.003, 0.004], 0.02, [5, 6, 7, 8])]
+    entry = bench_decode.summarize_v4(v4_result, {"zero_memory_runs": zero_runs}, wt103, 2.5e-6)
+    measured = entry["measured"]
+    assert (
+        measured["v4"]["prefill_s"]["values"] == [0.04, 0.02, 0.03] and measured["v4"]["prefill_s"]["median"] == 0.03
+    )
+    assert measured["v4"]["step_ms"]["values"] == pytest.approx([6.0, 6.0, 4.0])  # each run's median step
+    assert measured["transfoxl_zero_memory"]["total_s"]["median"] == 0.02
+    assert measured["transfoxl_empty_memory"]["step_ms"] == wt103["measured"]["step_ms"]  # the floors' runs
+    ratio = entry["ratio"]
+    assert ratio["transfoxl_zero_memory"]["prefill_s"] == pytest.approx(0.01 / 0.03)
+    assert ratio["transfoxl_zero_memory"]["step_ms"] == pytest.approx(3.0 / 6.0)
+    assert ratio["transfoxl_empty_memory"]["total_s"] == pytest.approx(wt103["measured"]["total_s"]["median"] / 0.06)
+    assert ratio["transfoxl_zero_memory"]["peak_rss_mb"] == pytest.approx(wt103["peak_rss_mb"] / 250.0)
+    assert entry["prefill_tokens_per_s"]["v4"] == pytest.approx(16 / 0.03)  # the quick prompt
+    assert entry["same_tokens"] is True and entry["tokens"] == [[5, 6, 7, 8]]
+    assert entry["max_abs_log_prob_difference"] == 2.5e-6
+
+    with_v4 = {**results, "wt103": {**wt103, "v4": entry}}
+    table = bench_decode.markdown(with_v4)
+    assert "### End to end against transformers 4.37.2" in table
+    zero_prefill = measured["transfoxl_zero_memory"]["prefill_s"]
+    assert f"| prefill, generate() (s) | {bench_decode.cell(zero_prefill, 3)} |" in table
+    assert (
+        f"| prefill (tokens/s) | 1600 | {entry['prefill_tokens_per_s']['transfoxl_empty_memory']:.0f} | 533 |" in table
+    )
+    assert "| decode step, generate() (ms) | 3.0 (3.0-3.0) |" in table and "| 0.50x |" in table
+    assert "| end to end, generate() (16 + 4 tokens, s) |" in table
+    assert f"| peak RSS (MB) | {wt103['peak_rss_mb']:.0f} | {wt103['peak_rss_mb']:.0f} | 250 |" in table
+    assert "the same 4 greedy tokens in every run of both" in table and "at most 2.5e-06" in table
+    assert bench_decode.plot_png(with_v4).startswith(b"\x89PNG")
+
+    zero_runs[0]["tokens"] = [[5, 6, 7, 9]]
+    differing = bench_decode.summarize_v4(v4_result, {"zero_memory_runs": zero_runs}, wt103, 0.3)
+    assert differing["same_tokens"] is False
+    assert "**different greedy tokens**" in bench_decode.same_weights_line(differing)
+
+
+def test_a_worker_reports_its_own_peak_rss(tmp_path: Path) -> None:
+    """The workers' peak RSS is theirs: on Linux ru_maxrss keeps the parent's peak across exec (this test process,
+    with torch loaded, is far larger than a fresh interpreter that imports only tools/machine.py)."""
+    tools = Path(bench_decode.__file__).parent
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import machine; print(machine.peak_rss_mb())"
+    child = float(run_fresh_python(code, str(tools), cwd=tmp_path, env=dict(os.environ)).stdout)
+    ours = machine.peak_rss_mb()
+    assert 0 < child < ours / 2, (child, ours)

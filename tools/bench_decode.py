@@ -1,5 +1,6 @@
 """Decoding and prefill speed: transfoxl against transformers' GPT-2 of equal size, and the WikiText-103 model against
-the machine's compute and bandwidth floors. fp32 on the CPU, greedy `generate()` after a prompt (issue 17, goal 1).
+the machine's compute and bandwidth floors and against transformers 4.37.2 on the same weights. fp32 on the CPU, greedy
+`generate()` after a prompt (issue 17, goal 1).
 
 Part 1, the mid configuration (tools/configs.py "mid": 6 layers, d_model 256, 8 heads x 32, d_inner 1024, vocab 10,000
 with cutoffs [2000, 5000] and div_val 2; mem_len 512, clamp_len -1, same_length False, dropout 0) against
@@ -26,7 +27,8 @@ the prompt, generate() infers no padding and passes an all-ones mask to both mod
 
 Part 2, the WikiText-103 configuration (`TxlConfig()` defaults: 18 layers, d_model 1024, 16 heads x 64, d_inner
 4096, vocab 267,735 with cutoffs [20000, 40000, 200000] and div_val 4, mem_len 1600, clamp_len 1000, same_length
-True; dropout 0), random weights, batch 1, in a fresh worker process (so that its peak RSS is its own):
+True; dropout 0), random weights (those transformers 4.37.2 saved, unless v4 is skipped: see below), batch 1, from
+an empty memory (transfoxl's default), in a fresh worker process (so that its peak RSS is its own):
 
 - prefill of the 512-token prompt against the **compute floor**: the prefill's matrix products (`forward_flops`: the
   projections, the relative-position product W_{k,R} R, the content and position scores and probabilities @ values
@@ -36,8 +38,33 @@ True; dropout 0), random weights, batch 1, in a fresh worker process (so that it
 - the decode step against the **bandwidth floor**: the bytes one step must read (`step_bytes`: every weight the step's
   products use, i.e. all parameters but the input embedding's own tables (one row is looked up; tied tables are read
   by the softmax anyway), the memory's keys and values, and the sinusoid table R of the K distances once), divided by
-  the best bandwidth a large fp32 matrix-vector product (`torch.mv` over 256 MB) reaches in the same worker;
+  the best bandwidth a large fp32 matrix-vector product (`torch.mv`, or the matrix as two halves in one batched
+  product, the form the model uses; both over 256 MB) reaches in the same worker;
 - peak RSS of the worker (the model, the prefill and the decode steps; the rate measurements' buffers excluded).
+
+End to end against transformers 4.37.2 (v4), on the same weights (the default; `--skip-v4`, or `--quick` without
+`--with-v4`, skips it, and the transfoxl worker then builds the seeded model itself). v4 runs in its own virtualenv
+(`.bench/venv-v4`, created by tools/v4.py the first time: needs PyPI), in workers that run this file there: only the
+standard library, torch and this folder's configs, machine and v4 are imported at the top. One builds the seeded model
+with v4's `TransfoXLLMHeadModel` (mem_len 1600, dropout 0) and saves it (`--v4-model`, by default
+`.bench/decode-v4-model-CONFIG`, 1.1 GB for wt103; reused by later runs of the same configuration, mem_len and seed:
+a stamp written last says what it holds); the next loads it, times v4's greedy generate() on the same prompt for the
+same new tokens run after run (prefill, decode step, end to end, as above), and scores the prompt. Then the transfoxl
+worker loads that folder through `AutoModelForCausalLM.from_pretrained` (a legacy `transfo-xl` checkpoint, converted
+on load) and, in each run, after the measures above, times generate() again from v4's start: a new v4 stream attends
+to mem_len zero vectors (`init_mems`), which transfoxl reproduces with `memory_init="zeros"`. That is the same work as
+v4's, whose outputs must come back: the greedy tokens of every run of both (`same_tokens`), and the log-probabilities
+of the prompt's last position (max |difference|). The table puts transfoxl from v4's zero memory, transfoxl from its
+default empty memory (the runs above) and v4 side by side, with the transfoxl / v4 ratios; peak RSS is each worker's
+(transfoxl's ran both ways, and imports transformers v5).
+
+What v4's generate() does, which its figures include: 4.37.2 keeps the memory between steps (its
+`prepare_inputs_for_generation` passes the returned `mems` back and feeds the last token only), but the memory holds
+hidden states, so every step recomputes the keys and values of all mem_len positions (full from the start: the zeros
+fill it), and the prefill scores every position of the prompt (the full [1, 512, 267,735] log-probabilities). Its
+stopping criteria are asked through `any(...)` with its own max-length criterion first, which stops generation at the
+last token before the clock is asked: v4's decode step is the median of the N - 2 intervals it sees (so
+`--wt103-new-tokens` >= 3 when v4 runs).
 
 A profile of the mid configuration's decode step at batch 1 (torch.profiler with each module labelled, and
 cProfile; both only over the decode steps, after the prefill; one thread by default, `--profile-threads`) goes to
@@ -50,9 +77,11 @@ multi-threaded step can stall: each parallel region waits until its second threa
 recorded, and the medians over runs are what to read. At batch 1 the mid decode step is as fast with one thread.
 
     python tools/bench_decode.py                     # writes benchmarks/decode.{json,md,png}, decode.profile.md
+    python tools/bench_decode.py --skip-v4           # no transformers 4.37.2: no virtualenv, no network
     python tools/bench_decode.py --skip-wt103        # the mid part and the profile only (about 2 minutes)
     python tools/bench_decode.py --skip-wt103 --skip-profile --threads 1 --runs 5 --stem decode.mid-1thread
-    python tools/bench_decode.py --quick --out /tmp/decode   # tiny models, seconds (the tests)
+    python tools/bench_decode.py --quick --out /tmp/decode   # tiny models, seconds, no v4 (the tests)
+    python tools/bench_decode.py --quick --with-v4 --skip-mid --threads 1 --out /tmp/decode   # v4's path, tiny
 """
 
 from __future__ import annotations
@@ -66,9 +95,11 @@ import io
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
@@ -77,11 +108,14 @@ from typing import Any
 
 import torch
 
+# Only the standard library, torch and this folder's configs, machine and v4 at the top: the same file is the v4
+# worker inside the transformers 4.37.2 virtualenv, where neither transfoxl nor transformers v5 exists.
 if __package__:  # imported (`from tools import bench_decode`) or run with `python -m tools.bench_decode`
-    from . import configs
+    from . import configs, v4
     from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
 else:  # run as a file, `python tools/bench_decode.py`: its folder is the first entry of sys.path
     import configs
+    import v4
     from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,12 +252,20 @@ def matmul_rates(shapes: Sequence[tuple[int, int, int]], repeats: int) -> dict[s
 
 
 def mv_bandwidths(shapes: Sequence[tuple[int, int]], repeats: int) -> dict[str, float]:
-    """GB/s (1e9 bytes/s) that fp32 `torch.mv` reaches reading a `[rows, cols]` matrix: median of `repeats`."""
+    """GB/s (1e9 bytes/s) at which an fp32 matrix-vector product reads a `[rows, cols]` matrix: median of `repeats`,
+    for `torch.mv` and for the matrix as two halves in one batched product (`transfoxl.kernels_txl.one_row_linear`'s
+    form, which reads faster on the project's CPU): the floor is the best of them, so that the model's own way of
+    reading cannot beat it."""
     rates = {}
     for rows, cols in shapes:
         matrix, vector, out = torch.randn(rows, cols), torch.randn(cols), torch.empty(rows)
         seconds = time_repeated(functools.partial(torch.mv, matrix, vector, out=out), repeats)
-        rates[f"[{rows}, {cols}]"] = matrix.numel() * matrix.element_size() / seconds / 1e9
+        rates[f"mv [{rows}, {cols}]"] = matrix.numel() * matrix.element_size() / seconds / 1e9
+        halves = matrix.view(2, rows // 2, cols)
+        column = vector.view(1, cols).t().expand(2, cols, 1)
+        halves_out = torch.empty(2, rows // 2, 1)
+        seconds = time_repeated(functools.partial(torch.bmm, halves, column, out=halves_out), repeats)
+        rates[f"halves [{rows}, {cols}]"] = matrix.numel() * matrix.element_size() / seconds / 1e9
     return rates
 
 
@@ -281,11 +323,12 @@ def make_prompt(vocab_size: int, batch: int, prompt_len: int, seed: int) -> torc
     return torch.randint(1, vocab_size, (batch, prompt_len), generator=generator)
 
 
-def step_clock(on_first: Callable[[], None] | None = None):
+def step_clock(on_first: Callable[[], None] | None = None, *, v4_api: bool = False):
     """A stopping criterion that stops nothing and records when each generate() step ends (`.times`).
 
     transformers calls the stopping criteria once per new token, after that step's forward and token choice.
-    `on_first` runs at the first call (after the prefill): the profiles start there.
+    `on_first` runs at the first call (after the prefill): the profiles start there. `v4_api`: answer one Python
+    bool for the batch, as transformers 4.37.2 expects (later versions take a `[B]` tensor).
     """
     from transformers import StoppingCriteria
 
@@ -297,6 +340,8 @@ def step_clock(on_first: Callable[[], None] | None = None):
             self.times.append(time.perf_counter())
             if len(self.times) == 1 and on_first is not None:
                 on_first()
+            if v4_api:
+                return False
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     return StepClock()
@@ -312,16 +357,23 @@ def generate_kwargs(new_tokens: int) -> dict[str, Any]:
     )
 
 
-def time_generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> dict[str, Any]:
-    """Greedy generate(): time to the first token (prefill), the intervals between the next ones (steps), the total."""
+def time_generate(
+    model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, *, v4_api: bool = False
+) -> dict[str, Any]:
+    """Greedy generate(): time to the first token (prefill), the intervals between the next ones (steps), the total.
+
+    `v4_api`: transformers 4.37.2's generate(), whose criteria list answers `any(...)` with its own max-length
+    criterion first: at the last token that one stops generation and the clock is not asked, so the clock sees
+    N - 1 tokens and the steps are the N - 2 intervals between them.
+    """
     from transformers import StoppingCriteriaList
 
-    clock = step_clock()
+    clock = step_clock(v4_api=v4_api)
     start = time.perf_counter()
     output = model.generate(prompt, stopping_criteria=StoppingCriteriaList([clock]), **generate_kwargs(new_tokens))
     total = time.perf_counter() - start
     new = output[:, prompt.shape[1] :]
-    if new.shape[1] != new_tokens or len(clock.times) != new_tokens:
+    if new.shape[1] != new_tokens or len(clock.times) != new_tokens - v4_api:
         raise RuntimeError(f"generate() made {new.shape[1]} tokens in {len(clock.times)} steps, not {new_tokens}")
     steps = [later - earlier for earlier, later in pairwise(clock.times)]
     return {"prefill_s": clock.times[0] - start, "steps_s": steps, "total_s": total, "tokens": new.tolist()}
@@ -624,7 +676,9 @@ def weights_read_by_a_step(model: torch.nn.Module) -> dict[str, int]:
 
 @torch.no_grad()
 def wt103_worker(request: dict) -> dict:
-    """Build the seeded wt103 model, measure the machine's rates, time prefill and decode (generate() and forward)."""
+    """Measure the machine's rates, get the wt103 model (v4's saved folder through the Auto classes, or the seeded
+    transfoxl model), time prefill and decode (generate() and forward) from an empty memory, and with
+    `zero_memory` also greedy generate() from v4's zero-filled memory, run after run."""
     torch.set_num_threads(request["threads"])
     repeats = request["rate_repeats"]
     rates_before = {
@@ -633,23 +687,44 @@ def wt103_worker(request: dict) -> dict:
     }
     log(f"wt103: rates before: {rates_line(rates_before)}")
     start = time.perf_counter()
-    model = build_transfoxl(request["config"], mem_len=request["mem_len"], seed=request["seed"])
+    if request["model_folder"] is None:
+        model = build_transfoxl(request["config"], mem_len=request["mem_len"], seed=request["seed"])
+    else:
+        model = load_transfoxl(request["model_folder"])
     build_s = time.perf_counter() - start
     loaded_rss = current_rss_mb()
     parameters = sum(p.numel() for p in model.parameters())
-    log(f"wt103: built {parameters:,} parameters in {build_s:.1f} s, RSS {loaded_rss:.0f} MB")
-    prompt = make_prompt(request["config"]["vocab_size"], 1, request["prompt_len"], request["seed"])
-    new_tokens = request["new_tokens"]
+    how = "built" if request["model_folder"] is None else "loaded v4's folder with"
+    log(f"wt103: {how} {parameters:,} parameters in {build_s:.1f} s, RSS {loaded_rss:.0f} MB")
+    prompt = torch.tensor(request["prompt"])  # [1, prompt_len]
+    new_tokens, zero_memory = request["new_tokens"], request["zero_memory"]
+    model.config.memory_init = "empty"  # transfoxl's default, which the floors count (a legacy folder's too)
     model.generate(prompt[:, :16], **generate_kwargs(2))  # warm-up, short
-    runs = []
+    if zero_memory:
+        with memory_init(model, "zeros"):
+            model.generate(prompt[:, :16], **generate_kwargs(2))
+    runs, zero_runs = [], []
     for run in range(request["runs"]):
         result = measure(model, prompt, new_tokens, "transfoxl")
         runs.append(result)
-        log(
+        line = (
             f"wt103 run {run + 1}/{request['runs']}: prefill {result['prefill_s']:.3f} s (forward "
             f"{result['forward_prefill_s']:.3f}), step {1e3 * result['step_s']:.1f} ms (forward "
-            f"{1e3 * result['forward_step_s']:.1f})  (load average {result['load_average_before']:.1f})"
+            f"{1e3 * result['forward_step_s']:.1f})"
         )
+        if zero_memory:
+            load = os.getloadavg()[0]
+            with memory_init(model, "zeros"):
+                zero_runs.append(generate_run(time_generate(model, prompt, new_tokens), load))
+            line += (
+                f"; from v4's zero memory: prefill {zero_runs[-1]['prefill_s']:.3f} s, step "
+                f"{1e3 * zero_runs[-1]['step_s']:.1f} ms"
+            )
+        log(f"{line}  (load average {result['load_average_before']:.1f})")
+    if zero_memory:  # v4's scores of the prompt's last position, from the same zero-filled start
+        with memory_init(model, "zeros"):
+            log_probs = model(prompt, logits_to_keep=1).logits[0, -1]  # [V]
+        torch.save(log_probs.clone(), request["log_probs_path"])
     peak = peak_rss_mb()  # before the rates' buffers of the second measurement
     weight_bytes = weights_read_by_a_step(model)
     del model
@@ -668,6 +743,93 @@ def wt103_worker(request: dict) -> dict:
         "rates_before": rates_before,
         "rates_after": rates_after,
         "runs": runs,
+        "zero_memory_runs": zero_runs if zero_memory else None,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def load_transfoxl(folder: str) -> torch.nn.Module:
+    """The model transformers 4.37.2 saved in `folder` (a legacy `transfo-xl` checkpoint), through the Auto classes:
+    converted on load, as a user of v4's checkpoints gets it."""
+    from transformers import AutoModelForCausalLM
+
+    import transfoxl  # noqa: F401  (registers the txl and transfo-xl model types with the Auto classes)
+
+    return AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+@contextlib.contextmanager
+def memory_init(model: torch.nn.Module, value: str):
+    """Within the block, new streams start from `value` ("zeros": v4's mem_len zero vectors, which the prompt and
+    every step attend to, so that the tokens are v4's)."""
+    before = model.config.memory_init
+    model.config.memory_init = value
+    try:
+        yield
+    finally:
+        model.config.memory_init = before
+
+
+def generate_run(generated: dict, load: float) -> dict:
+    """One run of `time_generate` as the results keep it: its per-run median step."""
+    return {
+        "prefill_s": generated["prefill_s"],
+        "step_s": statistics.median(generated["steps_s"]),
+        "steps_s": generated["steps_s"],
+        "total_s": generated["total_s"],
+        "tokens": generated["tokens"],
+        "load_average_before": load,
+    }
+
+
+def v4_save_worker(request: dict) -> dict:
+    """transformers 4.37.2: build the seeded wt103 model (dropout 0, the request's mem_len) and save it in `folder`."""
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+    torch.set_num_threads(request["threads"])
+    start = time.perf_counter()
+    torch.manual_seed(request["seed"])
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**request["config"], mem_len=request["mem_len"]))
+    model.save_pretrained(request["folder"])
+    return {"parameters": sum(p.numel() for p in model.parameters()), "save_s": time.perf_counter() - start}
+
+
+@torch.no_grad()
+def v4_generate_worker(request: dict) -> dict:
+    """transformers 4.37.2: load the saved folder and time its greedy generate() on the prompt, run after run.
+
+    v4's generate() keeps the memory between steps (its `prepare_inputs_for_generation` passes the returned `mems`
+    back and feeds the last token only); a new stream starts from mem_len zero vectors (`init_mems`).
+    """
+    import transformers
+    from transformers import TransfoXLLMHeadModel
+
+    torch.set_num_threads(request["threads"])
+    start = time.perf_counter()
+    model = TransfoXLLMHeadModel.from_pretrained(request["model_folder"]).eval()
+    load_s = time.perf_counter() - start
+    loaded_rss = current_rss_mb()
+    log(f"wt103, transformers {transformers.__version__}: loaded in {load_s:.1f} s, RSS {loaded_rss:.0f} MB")
+    prompt = torch.tensor(request["prompt"])  # [1, prompt_len]
+    model.generate(prompt[:, :16], **generate_kwargs(2))  # warm-up, short
+    runs = []
+    for run in range(request["runs"]):
+        load = os.getloadavg()[0]
+        runs.append(generate_run(time_generate(model, prompt, request["new_tokens"], v4_api=True), load))
+        log(
+            f"wt103 run {run + 1}/{request['runs']}, transformers {transformers.__version__}: prefill "
+            f"{runs[-1]['prefill_s']:.3f} s, step {1e3 * runs[-1]['step_s']:.1f} ms  (load average {load:.1f})"
+        )
+    # v4 scores every position of its input: [1, prompt_len, V] log-probabilities, as in its generate()'s prefill.
+    log_probs = model(input_ids=prompt).prediction_scores[0, -1]  # [V]
+    torch.save(log_probs.clone(), request["log_probs_path"])
+    return {
+        "transformers": transformers.__version__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "load_s": load_s,
+        "loaded_rss_mb": loaded_rss,
+        "peak_rss_mb": peak_rss_mb(),
+        "runs": runs,
         "threads": torch.get_num_threads(),
     }
 
@@ -683,26 +845,13 @@ def rates_line(rates: dict) -> str:
     return f"fp32 matmul GFLOP/s {matmul}; mv GB/s {mv}"
 
 
-def run_wt103(settings: dict, args: argparse.Namespace) -> dict:
-    """The wt103 part in a fresh process of this interpreter; its result with the floors and ratios."""
-    config = configs.model_config(settings["wt103_config"])
-    request = {
-        "config_name": settings["wt103_config"],
-        "config": config,
-        "mem_len": settings["wt103_mem_len"],
-        "prompt_len": settings["prompt_len"],
-        "new_tokens": settings["wt103_new_tokens"],
-        "runs": settings["wt103_runs"],
-        "threads": args.threads,
-        "seed": args.seed,
-        "rate_repeats": settings["rate_repeats"],
-        "matmul_shapes": settings["matmul_shapes"],
-        "mv_shapes": settings["mv_shapes"],
-    }
+def run_worker(python: Path | str, request: dict) -> dict:
+    """One phase in a fresh process of `python` running this file (so that its peak RSS is its own); its result."""
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
     env.setdefault("PYTHONWARNINGS", "ignore")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers v5's bar while loading weights
     process = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker"],
+        [str(python), str(Path(__file__).resolve()), "--worker"],
         input=json.dumps(request) + "\n",
         stdout=subprocess.PIPE,  # the result; progress goes to stderr, passed through
         text=True,
@@ -710,9 +859,92 @@ def run_wt103(settings: dict, args: argparse.Namespace) -> dict:
         check=False,
     )
     if process.returncode != 0:
-        raise RuntimeError(f"the wt103 worker failed (exit {process.returncode}); its error is above")
-    result = json.loads(process.stdout.strip().splitlines()[-1])
-    return summarize_wt103(result, request)
+        raise RuntimeError(f"the {request['phase']} worker failed (exit {process.returncode}); its error is above")
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
+V4_STAMP = "bench_decode.json"  # written last into a saved v4 model's folder: what it holds
+
+
+def v4_model_stamp(config: Mapping[str, Any], *, mem_len: int, seed: int) -> dict:
+    """What a saved v4 model must have been built from to be reused (as JSON gives it back)."""
+    return json.loads(json.dumps({"config": config, "mem_len": mem_len, "seed": seed, "transformers": v4.VERSION}))
+
+
+def saved_model_matches(folder: Path, stamp: Mapping[str, Any]) -> bool:
+    """Whether `folder` holds the v4 model of `stamp`, saved whole by an earlier run (the stamp is written last)."""
+    try:
+        saved = json.loads((folder / V4_STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    weights = any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    return saved == stamp and (folder / "config.json").is_file() and weights
+
+
+def ensure_v4_model(python: Path | str, folder: Path, stamp: dict, threads: int) -> dict:
+    """The seeded v4 model saved in `folder` by transformers 4.37.2, reused when an earlier run saved the same one.
+
+    Saved into a sibling folder first and renamed, so that an interrupted save is never reused. A `folder` without
+    this script's stamp is not replaced (it may be someone's model).
+    """
+    if saved_model_matches(folder, stamp):
+        print(f"wt103: reusing the v4 model saved in {folder}", flush=True)
+        return {"saved": False, "save_s": None}
+    if folder.exists() and not (folder / V4_STAMP).exists():
+        raise RuntimeError(f"{folder} exists and was not saved by bench_decode.py: pass another --v4-model folder")
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    print(f"wt103: transformers {v4.VERSION} builds the seeded model and saves it in {folder} ...", flush=True)
+    request = {"phase": "v4_save", "folder": str(partial), "threads": threads}
+    request.update(config=stamp["config"], mem_len=stamp["mem_len"], seed=stamp["seed"])
+    saved = run_worker(python, request)
+    (partial / V4_STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return {"saved": True, "save_s": saved["save_s"]}
+
+
+def run_wt103(settings: dict, args: argparse.Namespace) -> dict:
+    """The wt103 part in fresh worker processes (transformers 4.37.2's first, in its virtualenv, unless skipped);
+    its result with the floors, the ratios, and the comparison with v4."""
+    config = configs.model_config(settings["wt103_config"])
+    mem_len = settings["wt103_mem_len"]
+    request = {
+        "phase": "transfoxl",
+        "config_name": settings["wt103_config"],
+        "config": config,
+        "mem_len": mem_len,
+        "prompt_len": settings["prompt_len"],
+        "prompt": make_prompt(config["vocab_size"], 1, settings["prompt_len"], args.seed).tolist(),
+        "new_tokens": settings["wt103_new_tokens"],
+        "runs": settings["wt103_runs"],
+        "threads": args.threads,
+        "seed": args.seed,
+        "rate_repeats": settings["rate_repeats"],
+        "matmul_shapes": settings["matmul_shapes"],
+        "mv_shapes": settings["mv_shapes"],
+        "model_folder": None,
+        "zero_memory": False,
+    }
+    if not args.run_v4:
+        return summarize_wt103(run_worker(sys.executable, request), request)
+    python = v4.ensure_venv(args.v4_venv)
+    folder = args.v4_model or REPO / ".bench" / f"decode-v4-model-{settings['wt103_config']}"
+    saving = ensure_v4_model(python, folder, v4_model_stamp(config, mem_len=mem_len, seed=args.seed), args.threads)
+    request["model_folder"] = str(folder)
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as work:
+        v4_request = {**request, "phase": "v4_generate", "log_probs_path": str(Path(work) / "v4.pt")}
+        v4_result = run_worker(python, v4_request)
+        ours_request = {**request, "zero_memory": True, "log_probs_path": str(Path(work) / "transfoxl.pt")}
+        result = run_worker(sys.executable, ours_request)
+        difference = float(
+            (torch.load(ours_request["log_probs_path"]) - torch.load(v4_request["log_probs_path"])).abs().max()
+        )
+    summary = summarize_wt103(result, request)
+    summary["v4"] = summarize_v4(v4_result, result, summary, difference)
+    summary["v4"].update(model_folder=str(folder), **saving)
+    print(f"wt103: {same_weights_line(summary['v4'])}", flush=True)
+    return summary
 
 
 def summarize_wt103(result: dict, request: dict) -> dict:
@@ -768,6 +1000,7 @@ def summarize_wt103(result: dict, request: dict) -> dict:
         "runs_requested": request["runs"],
         "parameters": result["parameters"],
         "weight_bytes": result["weight_bytes"],
+        "model_source": "seeded transfoxl model" if request["model_folder"] is None else "v4's saved folder, Auto",
         "build_s": result["build_s"],
         "loaded_rss_mb": result["loaded_rss_mb"],
         "peak_rss_mb": result["peak_rss_mb"],
@@ -787,15 +1020,73 @@ def summarize_wt103(result: dict, request: dict) -> dict:
         "prefill_tokens_per_s": prompt_len / measured["prefill_s"]["median"],
         "same_tokens": all(r["same_tokens"] for r in runs),
         "runs": runs,
+        "v4": None,  # run_wt103 adds summarize_v4's entry when transformers 4.37.2 ran
     }
+
+
+V4_MEASURES = {  # summary name: (run field, scale to the unit of the name); the measures of generate() alone
+    "prefill_s": ("prefill_s", 1.0),
+    "step_ms": ("step_s", 1e3),
+    "total_s": ("total_s", 1.0),
+}
+
+
+def summarize_v4(v4_result: dict, result: dict, wt103: dict, log_prob_difference: float) -> dict:
+    """transformers 4.37.2 against transfoxl on the same weights and prompt: medians (min-max) of v4's generate()
+    runs and of transfoxl's from v4's zero-filled memory (`result["zero_memory_runs"]`), transfoxl / v4 ratios of
+    the medians, for those and for transfoxl's default empty-memory runs (`wt103["measured"]`), whether every run
+    of both chose v4's tokens, and the max |difference| of the prompt's last-position log-probabilities."""
+    prompt_len = wt103["prompt_len"]
+
+    def measures(runs: Sequence[dict]) -> dict:
+        return {name: spread([r[field] * scale for r in runs]) for name, (field, scale) in V4_MEASURES.items()}
+
+    v4_runs, zero_runs = v4_result["runs"], result["zero_memory_runs"]
+    sides = {
+        "v4": measures(v4_runs),
+        "transfoxl_zero_memory": measures(zero_runs),
+        "transfoxl_empty_memory": {name: wt103["measured"][name] for name in V4_MEASURES},
+    }
+    peaks = {"v4": v4_result["peak_rss_mb"], "transfoxl": wt103["peak_rss_mb"]}
+    loaded = {"v4": v4_result["loaded_rss_mb"], "transfoxl": wt103["loaded_rss_mb"]}
+    ratios = {}
+    for side in ("transfoxl_zero_memory", "transfoxl_empty_memory"):
+        ratios[side] = {name: sides[side][name]["median"] / sides["v4"][name]["median"] for name in V4_MEASURES}
+        ratios[side]["peak_rss_mb"] = peaks["transfoxl"] / peaks["v4"]
+        ratios[side]["loaded_rss_mb"] = loaded["transfoxl"] / loaded["v4"]
+    tokens = v4_runs[0]["tokens"]
+    return {
+        "transformers": v4_result["transformers"],
+        "parameters": v4_result["parameters"],
+        "load_s": v4_result["load_s"],
+        "threads": v4_result["threads"],
+        "measured": sides,
+        "prefill_tokens_per_s": {side: prompt_len / value["prefill_s"]["median"] for side, value in sides.items()},
+        "peak_rss_mb": peaks,
+        "loaded_rss_mb": loaded,
+        "ratio": ratios,
+        "tokens": tokens,
+        "same_tokens": all(run["tokens"] == tokens for run in [*v4_runs, *zero_runs]),
+        "max_abs_log_prob_difference": log_prob_difference,
+        "v4_runs": v4_runs,
+        "transfoxl_zero_memory_runs": zero_runs,
+    }
+
+
+WORKERS = {  # request["phase"]: the worker (v4_*: inside the transformers 4.37.2 virtualenv)
+    "transfoxl": wt103_worker,
+    "v4_save": v4_save_worker,
+    "v4_generate": v4_generate_worker,
+}
 
 
 def worker_main() -> int:
     """One JSON request on stdin, one JSON result on stdout; progress on stderr."""
     request = json.loads(sys.stdin.readline())
-    request["matmul_shapes"] = [tuple(shape) for shape in request["matmul_shapes"]]
-    request["mv_shapes"] = [tuple(shape) for shape in request["mv_shapes"]]
-    print(json.dumps(wt103_worker(request)), flush=True)
+    if request["phase"] == "transfoxl":
+        request["matmul_shapes"] = [tuple(shape) for shape in request["matmul_shapes"]]
+        request["mv_shapes"] = [tuple(shape) for shape in request["mv_shapes"]]
+    print(json.dumps(WORKERS[request["phase"]](request)), flush=True)
     return 0
 
 
@@ -844,19 +1135,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-profile", action="store_true", help="skip the profile of the mid decode step")
     parser.add_argument("--skip-mid", action="store_true", help="skip the mid part (and its profile)")
     parser.add_argument(
-        "--quick", action="store_true", help="tiny models, prompt 16, one run: checks that everything runs (seconds)"
+        "--skip-v4",
+        action="store_true",
+        help=f"wt103: do not run transformers {v4.VERSION} (no virtualenv, no network); transfoxl builds the seeded "
+        "model itself",
+    )
+    parser.add_argument(
+        "--with-v4",
+        action="store_true",
+        help=f"with --quick: run transformers {v4.VERSION} too (--quick alone skips it, as the tests do)",
+    )
+    parser.add_argument(
+        "--v4-venv",
+        type=Path,
+        default=REPO / ".bench" / "venv-v4",
+        help=f"virtualenv with transformers {v4.VERSION}, created if missing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--v4-model",
+        type=Path,
+        help="folder of the seeded model transformers 4.37.2 saves, reused by later runs of the same config and seed "
+        "(default: .bench/decode-v4-model-CONFIG; wt103: 1.1 GB)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny models, prompt 16, one run, no v4 unless --with-v4: checks that everything runs (seconds)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks", help="output folder (default: %(default)s)")
     parser.add_argument("--stem", default="decode", help="name of the output files, without suffix (default: decode)")
     args = parser.parse_args(argv)
+    if args.skip_v4 and args.with_v4:
+        parser.error("--skip-v4 and --with-v4 contradict each other")
+    # v4 belongs to the wt103 part; --quick (the tests) must not need its virtualenv, nor the network to make it.
+    args.run_v4 = not args.skip_wt103 and not args.skip_v4 and (args.with_v4 or not args.quick)
     settings = dict(QUICK if args.quick else FULL)
     for name in ("runs", "batch_sizes", "prompt_len", "new_tokens", "wt103_runs", "wt103_new_tokens", "profile_steps"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     minimums = dict(runs=1, prompt_len=1, new_tokens=2, wt103_runs=1, wt103_new_tokens=2, profile_steps=1)
+    minimums_alone = dict(minimums)
+    if args.run_v4:  # v4's clock misses the last token (`time_generate`): 3 tokens give one interval
+        minimums["wt103_new_tokens"] = 3
     for name, minimum in minimums.items():
         if settings[name] < minimum:
-            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {settings[name]}")
+            why = " when transformers 4.37.2 runs (--skip-v4 to skip it)" if minimum > minimums_alone[name] else ""
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}{why}, got {settings[name]}")
     if any(batch < 1 for batch in settings["batch_sizes"]):
         parser.error(f"--batch-sizes must all be >= 1, got {settings['batch_sizes']}")
     for name in ("threads", "profile_threads"):
@@ -899,6 +1223,7 @@ def _run(args: argparse.Namespace) -> int:
             "batch_sizes": settings["batch_sizes"],
             "wt103_new_tokens": settings["wt103_new_tokens"],
             "wt103_runs": settings["wt103_runs"],
+            "v4": args.run_v4,
             "profile_steps": settings["profile_steps"],
             "seed": args.seed,
             "measurement": (
@@ -915,6 +1240,8 @@ def _run(args: argparse.Namespace) -> int:
     }
     results["mid"] = None if args.skip_mid else run_mid(settings, args)
     results["wt103"] = None if args.skip_wt103 else run_wt103(settings, args)
+    if results["wt103"] is not None and results["wt103"]["v4"] is not None:
+        results["machine"]["transformers_v4"] = results["wt103"]["v4"]["transformers"]
     results["wall_s"] = time.perf_counter() - started
 
     from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
@@ -1052,7 +1379,7 @@ def wt103_markdown(results: dict) -> str:
         f"best fp32 matmul rate measured in the same process, {wt103['matmul_gflops_ceiling']:.1f} GFLOP/s. Bandwidth "
         f"floor: the bytes a step reads, {bytes_['total'] / 1e9:.3f} GB (weights {bytes_['weights'] / 1e9:.3f}, "
         f"keys/values of {bytes_['mean_memory_length']:.0f} memory positions {bytes_['keys_values'] / 1e9:.3f}, "
-        f"positions {bytes_['positions'] / 1e9:.4f}), at the best torch.mv bandwidth measured, "
+        f"positions {bytes_['positions'] / 1e9:.4f}), at the best matrix-vector bandwidth measured, "
         f"{wt103['mv_gbytes_per_s_ceiling']:.1f} GB/s.",
         "",
         "| measure | measured | floor | measured / floor |",
@@ -1072,6 +1399,72 @@ def wt103_markdown(results: dict) -> str:
         f"is bound by reading the weights. Peak RSS {wt103['peak_rss_mb']:.0f} MB (after building the model: "
         f"{wt103['loaded_rss_mb']:.0f} MB; the weights are {wt103['weight_bytes']['all'] / 2**20:.0f} MiB). Rates: "
         f"before {rates_line(wt103['rates_before'])}; after {rates_line(wt103['rates_after'])}.",
+        "",
+        v4_markdown(wt103),
+    ]
+    return "\n".join(lines)
+
+
+def same_weights_line(entry: dict) -> str:
+    """Whether transfoxl reproduced v4's outputs (tokens, last-position log-probabilities)."""
+    count = len(entry["tokens"][0])
+    tokens = (
+        f"the same {count} greedy tokens in every run of both"
+        if entry["same_tokens"]
+        else "**different greedy tokens** (see the JSON: `v4_runs`, `transfoxl_zero_memory_runs`)"
+    )
+    return (
+        f"v4's outputs reproduced from its zero-filled memory: {tokens}; log-probabilities of the prompt's last "
+        f"position differ by at most {entry['max_abs_log_prob_difference']:.1e}"
+    )
+
+
+def v4_markdown(wt103: dict) -> str:
+    entry = wt103.get("v4")
+    if entry is None:
+        return f"transformers {v4.VERSION}: not run (--skip-v4, or --quick without --with-v4)."
+    measured, ratio, tokens_per_s = entry["measured"], entry["ratio"], entry["prefill_tokens_per_s"]
+    sides = ("transfoxl_zero_memory", "transfoxl_empty_memory", "v4")
+    mem_len, new_tokens = wt103["config"]["mem_len"], wt103["new_tokens"]
+
+    def row(label: str, values: Sequence[str], name: str) -> str:
+        ratios = [f"{ratio[side][name]:.2f}x" for side in sides[:2]]
+        return f"| {label} | {' | '.join(values)} | {' | '.join(ratios)} |"
+
+    def timed(name: str, digits: int) -> list[str]:
+        return [cell(measured[side][name], digits) for side in sides]
+
+    def rss(name: str) -> list[str]:
+        return [f"{entry[name]['transfoxl']:.0f}"] * 2 + [f"{entry[name]['v4']:.0f}"]
+
+    prefill_rates = [f"{tokens_per_s[side]:.0f}" for side in sides]
+    lines = [
+        f"### End to end against transformers {entry['transformers']}",
+        "",
+        f"The same weights: transformers {entry['transformers']} built the seeded model ({entry['parameters']:,} "
+        f"parameters) and saved it; transfoxl loaded that folder through AutoModelForCausalLM (converted on load). "
+        f"The same prompt, greedy generate() for {new_tokens} new tokens, each in its own process (v4's runs, then "
+        "transfoxl's), median over runs (min-max). v4 starts a stream from mem_len "
+        f"{mem_len} zero vectors, which the prompt and every step attend to, and recomputes the keys and values of "
+        "its whole memory at every step; transfoxl is timed from that zero memory too (the same work, v4's tokens) "
+        "and from its default empty memory (the runs of the table above). Peak RSS: of each process (transfoxl's "
+        "ran both).",
+        "",
+        f"| measure | transfoxl, v4's zero memory | transfoxl, empty memory | transformers {entry['transformers']} | "
+        "transfoxl zero / v4 | transfoxl empty / v4 |",
+        "|---|---|---|---|---|---|",
+        row("prefill, generate() (s)", timed("prefill_s", 3), "prefill_s"),
+        f"| prefill (tokens/s) | {' | '.join(prefill_rates)} | "
+        + " | ".join(f"{tokens_per_s[side] / tokens_per_s['v4']:.2f}x" for side in sides[:2])
+        + " |",
+        row("decode step, generate() (ms)", timed("step_ms", 1), "step_ms"),
+        row(
+            f"end to end, generate() ({wt103['prompt_len']} + {new_tokens} tokens, s)", timed("total_s", 2), "total_s"
+        ),
+        row("RSS after loading (MB)", rss("loaded_rss_mb"), "loaded_rss_mb"),
+        row("peak RSS (MB)", rss("peak_rss_mb"), "peak_rss_mb"),
+        "",
+        same_weights_line(entry) + ".",
     ]
     return "\n".join(lines)
 
@@ -1162,13 +1555,15 @@ def profile_markdown(results: dict) -> str:
 
 
 def plot_png(results: dict) -> bytes:
-    """Mid: decode step and prefill of both models per batch; wt103: measured / floor."""
+    """Mid: decode step and prefill of both models per batch; wt103: measured / floor, and transfoxl / v4 when v4
+    ran (a fourth panel)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 4), dpi=100, layout="constrained")
+    against_v4 = None if results["wt103"] is None else results["wt103"]["v4"]
+    figure = Figure(figsize=(13 if against_v4 is None else 17, 4), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    step_axes, prefill_axes, floor_axes = figure.subplots(1, 3)
+    step_axes, prefill_axes, floor_axes, *v4_axes = figure.subplots(1, 3 if against_v4 is None else 4)
     summary = {} if results["mid"] is None else results["mid"]["summary"]
     batches = list(summary)
     for axes, name, unit in ((step_axes, "step_ms", "decode step (ms)"), (prefill_axes, "prefill_s", "prefill (s)")):
@@ -1203,6 +1598,23 @@ def plot_png(results: dict) -> bytes:
         floor_axes.set_xticks(range(len(names)), labels)
         floor_axes.set_ylabel("measured / floor (1 = at the floor)")
         floor_axes.set_title(f"{wt103['config_name']} config, batch 1, against the floors")
+    if against_v4 is not None:
+        names = ["prefill_s", "step_ms", "total_s", "peak_rss_mb"]
+        labels = ["prefill", "decode step", "end to end", "peak RSS"]
+        sides = {"transfoxl_zero_memory": "transfoxl, v4's zero memory", "transfoxl_empty_memory": "transfoxl, empty"}
+        highest = 1.0
+        for offset, (side, label) in enumerate(sides.items()):
+            positions = [index + (offset - 0.5) * 0.4 for index in range(len(names))]
+            values = [against_v4["ratio"][side][name] for name in names]
+            highest = max(highest, *values)
+            bars = v4_axes[0].bar(positions, values, 0.4, label=label)
+            v4_axes[0].bar_label(bars, fmt="%.2fx", padding=2, fontsize=8)
+        v4_axes[0].axhline(1.0, color="black", linewidth=1)
+        v4_axes[0].set_ylim(0, 1.35 * highest)  # room for the legend above the bars
+        v4_axes[0].set_xticks(range(len(names)), labels)
+        v4_axes[0].set_ylabel(f"transfoxl / transformers {against_v4['transformers']} (1 = as v4)")
+        v4_axes[0].set_title(f"{wt103['config_name']}: transfoxl / v4 (same weights)")
+        v4_axes[0].legend(fontsize=8, loc="upper left", ncols=2)
     return png_bytes(figure)
 
 

@@ -14,7 +14,17 @@ from pathlib import Path
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process, MB (ru_maxrss is in KB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process, MB: VmHWM on Linux, else ru_maxrss (KB on Linux, bytes on macOS).
+
+    Not ru_maxrss on Linux: a process started by subprocess keeps the parent's peak there (the kernel carries it
+    across exec), so a worker started by a large parent would report the parent's peak, not its own.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**10  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
