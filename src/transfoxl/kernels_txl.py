@@ -7,9 +7,9 @@ compare values and gradients), and `modeling_txl.py` decides where each one appl
 - `relative_attention`: softmax(q_c k^T s + shift(q_p (W_{k,R} R)^T) + mask) v with one saved `[H B, Q, K]` tensor.
   A bias that needs a gradient sends CPU SDPA to its unfused fallback (it masks twice and guards the softmax against
   fully masked rows); this is faster (docs/performance.md has the figures).
-- `dropout`, `relu_dropout`: the distribution of `nn.Dropout` with masks drawn as uniform numbers (torch's
-  `bernoulli_` costs about as much as a matrix product of the same size on a CPU), and after a ReLU only the output
-  kept for backward.
+- `dropout`, `relu_dropout`: the distribution of `nn.Dropout` (on a CPU, p rounded to a multiple of 2^-16) with
+  masks drawn as 16 random bits per entry (torch's `bernoulli_` costs about as much as a matrix product of the same
+  size on a CPU, and float uniforms take a serial draw each), and after a ReLU only the output kept for backward.
 - `adaptive_nll`: the adaptive softmax's loss with its gradients computed in the forward, a chunk of rows at a time,
   in place in the logits' buffer (no `[N, n_i]` log-probabilities kept).
 
@@ -271,12 +271,27 @@ def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 # Dropout
 
 
+def _keep_mask(inputs: torch.Tensor, p: float) -> torch.Tensor:
+    """A bool mask of `inputs`' shape, each entry True (kept) with probability 1 - p.
+
+    On a CPU, p is rounded to a multiple of 2^-16 (off by less than 8e-6) and each entry takes 16 random bits, four
+    from each 64-bit draw: torch's CPU generator is serial, and a float uniform costs a draw per entry, so this mask
+    comes about 3x faster. Elsewhere, float uniforms (a parallel generator).
+    """
+    if inputs.device.type != "cpu":
+        return torch.rand_like(inputs) >= p
+    count = inputs.numel()
+    words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # every bit uniform
+    dropped_codes = round(p * 2**16)  # of the 2^16 values of a 16-bit entry, those that drop it
+    return words.view(torch.int16)[:count].view(inputs.shape) >= dropped_codes - 2**15
+
+
 class _Dropout(torch.autograd.Function):
     """Inverted dropout keeping its bool mask for backward (what `F.dropout` keeps too)."""
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
-        keep = torch.rand_like(inputs) >= p  # each entry kept with probability 1 - p
+        keep = _keep_mask(inputs, p)
         ctx.scale = 1.0 / (1.0 - p)
         ctx.save_for_backward(keep)
         return torch.mul(inputs, keep).mul_(ctx.scale)  # a product by the bool mask: cheaper on CPUs than `where`
@@ -296,8 +311,7 @@ class _ReluDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
         ctx.scale = 1.0 / (1.0 - p)
-        # The uniform draws become the output in place: 1.0 where kept, times the inputs, ReLU, scale.
-        output = torch.rand_like(inputs).ge_(p).mul_(inputs).relu_().mul_(ctx.scale)
+        output = torch.mul(inputs, _keep_mask(inputs, p)).relu_().mul_(ctx.scale)
         ctx.save_for_backward(output)
         return output
 
@@ -309,7 +323,7 @@ class _ReluDropout(torch.autograd.Function):
 
 
 def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
-    return training and p > 0.0 and torch.is_grad_enabled() and inputs.requires_grad
+    return training and 0.0 < p < 1.0 and torch.is_grad_enabled() and inputs.requires_grad
 
 
 def dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
