@@ -432,6 +432,30 @@ def test_autocast_runs_through_the_whole_model(dtype, implementation, one_thread
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_inference_takes_the_block_and_one_query_paths(dtype, monkeypatch, one_thread):
+    """Inference under autocast: a long prompt by query blocks, then decoded tokens by the one-query attention (the
+    one-row product stands aside: it needs float weights and inputs of one dtype); float32 log-probabilities close to
+    the float32 model's."""
+    from transfoxl import modeling_txl
+
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "query_block", 8)
+    model = tiny_lm(mem_len=32, attn_implementation="sdpa")
+    ids = covering_ids(97, batch=1, length=23)
+    results = []
+    for autocast in (False, True):
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            output = model(ids[:, :20], use_cache=True)
+            logits = [output.logits]
+            for position in range(20, 23):
+                output = model(ids[:, position : position + 1], past_key_values=output.past_key_values)
+                logits.append(output.logits)
+        results.append(torch.cat(logits, dim=1))
+    expected, mixed = results
+    assert mixed.dtype == torch.float32 and torch.isfinite(mixed).all()
+    assert (mixed - expected).abs().max() < 0.25  # low precision
+
+
 @pytest.mark.parametrize(("out_features", "bias"), [(12, True), (12, False), (7, True)])
 def test_one_row_linear_equals_f_linear(out_features, bias):
     """Decoding's product (the weight's halves by the row as a column, batched) is F.linear; odd or transposed
