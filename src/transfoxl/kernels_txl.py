@@ -21,7 +21,7 @@ Shapes: B batch, H heads, Q queries (segment), K keys (memory + segment), D head
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -204,8 +204,7 @@ def one_query_attention(
     return torch.matmul(probs, value)  # [B, H, 1, D]
 
 
-def attention_by_query_blocks(
-    attention: Callable[..., torch.Tensor],
+def relative_attention_by_query_blocks(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -214,34 +213,42 @@ def attention_by_query_blocks(
     position_bias: torch.Tensor,
     mask: torch.Tensor,
     *,
+    scaling: float,
     block: int,
-    **options,
 ) -> torch.Tensor:
-    """`attention(query, key, ..., mask, **options)` (the contract of `modeling_txl.eager_relative_attention`) computed
-    `block` queries at a time, each block against the keys it may see: the output `[B, H, Q, D]`.
+    """Relative attention without dropout, `block` queries at a time, each block against the keys it may see: the
+    contract of `modeling_txl.eager_relative_attention` (the output `[B, H, Q, D]`), for inference.
 
     `mask` must hide every key after a query's own position (j > M + i, as every mask the model builds does):
-    queries [s, e) then see keys [0, M + e) only, which is exactly a segment of e - s queries after a memory of M + s,
-    so each block is the same relative attention over a prefix of the keys and the last M + e rows of rel_key.
-    Skipping the hidden keys saves up to half of the score products of a causal segment, and a block's `[B, H, e - s,
-    M + e]` scores stay in the CPU's caches instead of going through memory several times.
+    queries [s, e) then see keys [0, M + e) only, which is exactly a segment of e - s queries after a memory of M + s:
+    the same relative attention over a prefix of the keys and the last M + e rows of rel_key. Skipping the hidden
+    keys saves up to half of the score products of a causal segment, and a block's `[B, H, e - s, M + e]` scores stay
+    in the CPU's caches instead of going through memory several times. Per block, the position scores go to SDPA as
+    its float mask (as in `modeling_txl.sdpa_relative_attention`); the biased queries and the padded rel_key are made
+    once for all blocks.
     """
     batch, heads, q_len, head_dim = query.shape
     k_len = key.shape[2]
     mem_len = k_len - q_len
+    content_query = query + content_bias[:, None]  # [B, H, Q, D]
+    position_query = ((query + position_bias[:, None]) * scaling).transpose(0, 1)  # [H, B, Q, D]
+    # A block's keys are the last M + e rows of rel_key; `shifted_product` wants a row before them, whose products
+    # land only on the hidden entry j = M + i + 1 of each query: any row will do, the padding row for the last block.
+    padded_rel_key = pad_relative_keys(rel_key)  # [H, K + 1, D]
     output = query.new_empty(batch, q_len, heads, head_dim)  # the layout the output projection reads
     for start in range(0, q_len, block):
         end = min(q_len, start + block)
         visible = mem_len + end
-        output[:, start:end] = attention(
-            query[:, :, start:end],
+        rows = position_query[:, :, start:end].reshape(heads, batch * (end - start), head_dim)  # [H, B C, D]
+        position_score = shifted_product(rows, padded_rel_key[:, k_len - visible :], batch)  # [H, B, C, M + e]
+        block_mask = mask[..., start:end, :visible]
+        attn_bias = torch.where(block_mask, torch.finfo(query.dtype).min, position_score.transpose(0, 1))
+        output[:, start:end] = F.scaled_dot_product_attention(
+            content_query[:, :, start:end],
             key[:, :, :visible],
             value[:, :, :visible],
-            rel_key[:, k_len - visible :],  # distances visible - 1, ..., 0
-            content_bias,
-            position_bias,
-            mask[..., start:end, :visible],
-            **options,
+            attn_mask=attn_bias,
+            scale=scaling,
         ).transpose(1, 2)
     return output.transpose(1, 2)  # [B, H, Q, D]
 
@@ -276,9 +283,10 @@ def _keep_mask(inputs: torch.Tensor, p: float) -> torch.Tensor:
 
     On a CPU, p is rounded to a multiple of 2^-16 (off by less than 8e-6) and each entry takes 16 random bits, four
     from each 64-bit draw: torch's CPU generator is serial, and a float uniform costs a draw per entry, so this mask
-    comes about 3x faster. Elsewhere, float uniforms (a parallel generator).
+    comes about 3x faster. Elsewhere, and under torch.compile (which has no `random_` and draws its own numbers),
+    float uniforms.
     """
-    if inputs.device.type != "cpu":
+    if inputs.device.type != "cpu" or torch.compiler.is_compiling():
         return torch.rand_like(inputs) >= p
     count = inputs.numel()
     words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # every bit uniform

@@ -68,13 +68,13 @@ from .checks_txl import (
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .kernels_txl import (
     adaptive_nll,
-    attention_by_query_blocks,
     float32_cpu_training,
     one_query_attention,
     one_row_linear,
     pad_relative_keys,
     relative_attention,
     relative_attention_applies,
+    relative_attention_by_query_blocks,
     relu_dropout,
     shifted_product,
 )
@@ -288,8 +288,9 @@ class TxlRelativeAttention(nn.Module):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
         self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
 
-    # Long segments in inference on a CPU attend `query_block` queries at a time (`attention_by_query_blocks`): each
-    # block's scores stay in cache, and the keys after a block's last query are skipped (docs/performance.md).
+    # Long segments in inference on a CPU attend `query_block` queries at a time (`kernels_txl`'s
+    # `relative_attention_by_query_blocks`): each block's scores stay in cache, and the keys after its last query are
+    # skipped (docs/performance.md).
     query_block = 64
 
     def _by_query_blocks(self, query: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
@@ -397,9 +398,7 @@ class TxlRelativeAttention(nn.Module):
         elif q_len == 1 and dropout == 0.0:  # decoding
             attn_output = one_query_attention(*arguments, scaling=self.scaling)
         elif self._by_query_blocks(query, mask, dropout):
-            attn_output = attention_by_query_blocks(
-                sdpa_relative_attention, *arguments, block=self.query_block, scaling=self.scaling, dropout=0.0
-            )
+            attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=self.query_block)
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
@@ -430,7 +429,11 @@ class TxlFeedForward(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
-        inner = relu_dropout(_project(self.up_proj, inputs), self.dropout.p, self.training)  # [B, Q, d_inner]
+        inner = _project(self.up_proj, inputs)  # [B, Q, d_inner]
+        if torch.is_grad_enabled() or (self.training and self.dropout.p > 0):
+            inner = relu_dropout(inner, self.dropout.p, self.training)
+        else:  # inference: the product's own output is rectified in place
+            inner = inner.relu_()
         output = _dropout(self.dropout, _project(self.down_proj, inner))
         if self.pre_lnorm:
             return hidden_states + output
