@@ -1,9 +1,11 @@
-"""tools/bench_speed.py: a tiny run without transformers 4.37.2, the FLOP count by hand, option errors."""
+"""tools/bench_speed.py: a tiny run without transformers 4.37.2, the shape options (wt103's defaults, a run at
+non-default shapes), the FLOP count by hand, option errors."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -57,11 +59,11 @@ def test_tiny_run_writes_every_measure(tiny_run: Path) -> None:
 def test_vanilla_comparison(tiny_run: Path, tmp_path: Path) -> None:
     """The no-memory comparison, run in this process (a worker would only add its start-up time)."""
     config = CONFIGS["tiny"]
-    shapes = {"vanilla": (1, bench_speed.vanilla_tokens([160]))}
+    shapes = {"vanilla": (1, bench_speed.vanilla_tokens([160], tgt_len=128))}
     tokens = bench_speed.make_tokens("zipf", config["vocab_size"], shapes, seed=0)
     torch.save(tokens, tmp_path / "tokens.pt")
     request = dict(impl="transfoxl", folder=None, seed=0, config=config, attn_implementation="eager")
-    request.update(tokens=str(tmp_path / "tokens.pt"), attn_lengths=[160])
+    request.update(tokens=str(tmp_path / "tokens.pt"), attn_lengths=[160], tgt_len=128, mem_len=128)
     raw = bench_speed.phase_vanilla(request)
     entry = raw["lengths"]["160"]
     assert entry["mem_len"] == entry["memory_length"] == 32  # timed with a full memory of L - 128
@@ -74,6 +76,65 @@ def test_vanilla_comparison(tiny_run: Path, tmp_path: Path) -> None:
     assert positive_finite(summary["speedup"]) and summary["paper_speedup"] is None
     assert summary["vanilla_flops_per_token"] > summary["xl_flops_per_token"] > 0
     assert "| 160 |" in bench_speed.markdown(results)
+
+
+def test_shape_defaults_per_config() -> None:
+    """mid keeps the shapes of every earlier run; wt103 gets its small ones and never the no-memory comparison;
+    an option overrides either."""
+    shape_names = ("batch", "tgt_len", "mem_len", "eval_mem_len", "warmup_steps", "train_steps", "eval_segments")
+
+    def shapes(args) -> tuple:
+        return tuple(getattr(args, name) for name in shape_names)
+
+    mid = bench_speed.parse_args([])
+    assert shapes(mid) == (8, 128, 128, 512, 3, 10, 8) and mid.runs == 5 and mid.run_vanilla
+    assert mid.stem == "speed" and mid.threads is None
+    wt103 = bench_speed.parse_args(["--config", "wt103"])
+    assert shapes(wt103) == (1, 128, 128, 512, 2, 4, 3) and wt103.runs == 3 and not wt103.run_vanilla
+    # the comparison without memory is not run for wt103, so its lengths are not checked against the segment
+    assert not bench_speed.parse_args(["--config", "wt103", "--attn-lengths", "64"]).run_vanilla
+    given = ["--config", "wt103", "--batch", "2", "--tgt-len", "64", "--mem-len", "32", "--eval-mem-len", "96"]
+    given += ["--warmup-steps", "1", "--train-steps", "5", "--eval-segments", "6", "--runs", "2", "--threads", "1"]
+    overridden = bench_speed.parse_args(given)
+    assert shapes(overridden) == (2, 64, 32, 96, 1, 5, 6) and overridden.runs == 2 and overridden.threads == 1
+    assert not bench_speed.parse_args(["--skip-vanilla"]).run_vanilla
+    # configs.py builds what --config names, in both transformers (same_length, clamp_len reach v4's config)
+    assert set(bench_speed.SHAPES) <= set(CONFIGS)
+    assert CONFIGS["wt103"]["same_length"] and CONFIGS["wt103"]["clamp_len"] == 1000
+
+
+def test_tiny_wt103_run_uses_the_given_shapes(tmp_path: Path) -> None:
+    """Every shape option reaches the workers, the JSON, the FLOP count and the table; --stem names the files."""
+    options = ["--config", "tiny_wt103", "--skip-v4", "--runs", "1", "--threads", "1", "--stem", "speed-small"]
+    options += ["--batch", "2", "--tgt-len", "32", "--mem-len", "16", "--eval-mem-len", "48"]
+    options += ["--warmup-steps", "1", "--train-steps", "2", "--eval-segments", "1", "--out", str(tmp_path)]
+    threads = torch.get_num_threads()
+    assert bench_speed.main(options) == 0
+    assert torch.get_num_threads() == threads  # --threads is given back to the caller
+    written = sorted(path.name for path in tmp_path.iterdir())
+    assert written == ["speed-small.json", "speed-small.md", "speed-small.png"]
+    results = json.loads((tmp_path / "speed-small.json").read_text())
+    setup = results["setup"]
+    assert setup["config_name"] == "tiny_wt103" and setup["config"]["same_length"] and setup["threads"] == 1
+    assert setup["train"] | {"optimizer": None} == dict(
+        batch=2, tgt_len=32, mem_len=16, optimizer=None, warmup_steps=1, timed_steps=2
+    )
+    assert setup["eval"] == dict(batch=2, tgt_len=32, mem_len=48, warmup_segments=48 // 32 + 1 + 2, timed_segments=1)
+    assert results["vanilla"] is None and setup["vanilla"] == "mid only"
+    train, evaluation = results["runs"]["transfoxl"]["train"][0], results["runs"]["transfoxl"]["eval"][0]
+    assert len(train["losses"]) == 1 + 2 and len(train["seconds"]) == 2 and train["threads"] == 1
+    assert evaluation["memory_length"] == 48
+    assert train["tokens_per_s"] == pytest.approx(statistics.median(2 * 32 / s for s in train["seconds"]))
+    config, fractions = setup["config"], setup["cluster_fractions"]
+    count = bench_speed.flops_per_token
+    assert results["flops_per_token"] == pytest.approx(
+        {
+            "train": count(config, tgt_len=32, mem_len=16, cluster_fractions=fractions, batch_size=2, training=True),
+            "eval": count(config, tgt_len=32, mem_len=48, cluster_fractions=fractions, batch_size=2),
+        }
+    )
+    table = (tmp_path / "speed-small.md").read_text()
+    assert "Training: batch 2 x 32, mem_len 16," in table and "evaluation: batch 2 x 32, mem_len 48," in table
 
 
 def test_zipf_tokens_favour_small_ids() -> None:
@@ -129,6 +190,12 @@ def test_flop_count_by_hand() -> None:
         (["--train-steps", "-1"], "--train-steps must be >= 1"),
         (["--eval-segments", "0"], "--eval-segments must be >= 1"),
         (["--tokens", "normal"], "--tokens"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--eval-mem-len", "0"], "--eval-mem-len must be >= 1, got 0"),
+        (["--config", "wt103", "--tgt-len", "0"], "--tgt-len must be >= 1, got 0"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--stem", "a/b"], "--stem must be a file name without a folder"),
+        (["--config", "big"], "--config"),
     ],
 )
 def test_option_errors_name_the_option(capsys: pytest.CaptureFixture[str], options: list[str], expected: str) -> None:

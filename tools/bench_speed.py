@@ -1,17 +1,27 @@
 """Training and evaluation speed: this package against transformers 4.37.2's TransfoXLLMHeadModel, on the same weights.
 
-The mid configuration of the project's benchmarks (6 layers, d_model 256, 8 heads x 32, d_inner 1024, vocab 10000
-with cutoffs [2000, 5000] and div_val 2, clamp_len -1, same_length False), fp32 on the CPU. Measured, per
+By default the mid configuration of the project's benchmarks (6 layers, d_model 256, 8 heads x 32, d_inner 1024, vocab
+10000 with cutoffs [2000, 5000] and div_val 2, clamp_len -1, same_length False), fp32 on the CPU. Measured, per
 implementation:
 
 - training: batch 8 x 128 tokens, mem_len 128, dropout 0.1, forward + backward + AdamW step, the memory carried from
-  step to step; tokens/s, the peak RSS of the run, and the memory training adds above the loaded model and optimizer;
-- evaluation: batch 8 x 128 tokens, mem_len 512 (full before timing), no_grad, loss only; tokens/s;
+  step to step, 3 warm-up steps and 10 timed; tokens/s, the peak RSS of the run, and the memory training adds above
+  the loaded model and optimizer;
+- evaluation: batch 8 x 128 tokens, mem_len 512 (full before timing, then 2 more warm-up segments), 8 timed segments,
+  no_grad, loss only; tokens/s;
 - model FLOP/s: an analytic count of the model's matrix products per token (`flops_per_token`) times tokens/s, also as
   a fraction of this machine's fp32 matrix-product rate, measured here before and after the runs;
 - the paper's evaluation-speed comparison (Dai et al., 2019, Table 9), transfoxl only, batch 1: a model without
   memory that recomputes a window of L tokens for every predicted token, against Transformer-XL with segments of 128
-  tokens and a full memory of L - 128, so that both attend to L positions.
+  tokens and a full memory of L - 128, so that both attend to L positions. Mid (and tiny) only.
+
+`--config wt103` measures the same on the WikiText-103 model (18 layers, d_model 1024, 16 heads x 64, d_inner 4096,
+vocab 267,735 with cutoffs [20000, 40000, 200000] and div_val 4, clamp_len 1000, same_length True; 285M parameters),
+random weights, with defaults sized so that a run fits a 2-core CPU (`SHAPES`): training batch 1 x 128 tokens, mem_len
+128, 2 warm-up steps (the first without memory, the second allocates AdamW's state) and 4 timed; evaluation batch
+1 x 128, mem_len 512, 3 timed segments; 3 runs. Each training process holds the weights, their gradients and AdamW's
+two moments (4 x 1.1 GB) and more. `--batch`, `--tgt-len`, `--mem-len`, `--eval-mem-len`, `--warmup-steps`,
+`--train-steps`, `--eval-segments`, `--runs` override the defaults of either configuration.
 
 Every training or evaluation run is a fresh worker process (this file, run with `--worker`: one JSON line in, one
 out), so that its peak RSS is that run's; the implementations alternate run after run, the order rotating, so that a
@@ -23,6 +33,8 @@ zero-filled start memory: the losses must agree (a sanity line in the output).
     python tools/bench_speed.py                      # writes benchmarks/speed.{json,md,png} (about 10-15 minutes)
     python tools/bench_speed.py --skip-v4 --runs 3   # no virtualenv, no network
     python tools/bench_speed.py --tokens zipf --attn-lengths 800 1800 --out /tmp/speed
+    python tools/bench_speed.py --config wt103 --stem speed-wt103   # benchmarks/speed-wt103.{json,md,png}
+    python tools/bench_speed.py --config tiny --skip-v4 --skip-vanilla --runs 1 --train-steps 2 --out /tmp/speed
 """
 
 from __future__ import annotations
@@ -58,9 +70,17 @@ else:  # run as a file, `python tools/bench_speed.py`: its folder is the first e
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_DROPOUT = 0.1  # in the config of every run: training runs in train mode, the others in eval mode
-BATCH, TGT_LEN = 8, 128
-TRAIN_MEM_LEN, EVAL_MEM_LEN = 128, 512
-TRAIN_WARMUP_STEPS = 3
+# Default shapes and counts per --config, each an option (`--mem-len` is the training memory). tiny and tiny_wt103
+# (the tests) take those of the model they shrink.
+SHAPES: dict[str, dict[str, int]] = {
+    "mid": dict(batch=8, tgt_len=128, mem_len=128, eval_mem_len=512, warmup_steps=3, train_steps=10, eval_segments=8),
+    # 285M parameters on a 2-core CPU: one column, and few steps. The first step runs without memory and the second
+    # allocates AdamW's state, so two warm-up steps reach the steady state.
+    "wt103": dict(batch=1, tgt_len=128, mem_len=128, eval_mem_len=512, warmup_steps=2, train_steps=4, eval_segments=3),
+}
+SHAPES["tiny"], SHAPES["tiny_wt103"] = SHAPES["mid"], SHAPES["wt103"]
+DEFAULT_RUNS = {"mid": 5, "tiny": 5, "wt103": 3, "tiny_wt103": 3}
+WITH_VANILLA = ("mid", "tiny")  # the comparison without memory is the mid configuration's
 EVAL_EXTRA_WARMUP = 2  # segments after the one that fills the memory
 LEARNING_RATE = 2.5e-4
 VANILLA_WINDOWS, XL_SEGMENTS_PER_WINDOW = 3, 3  # timed per attention length, after a warm-up round
@@ -160,10 +180,10 @@ def load_model(request: dict, *, mem_len: int) -> torch.nn.Module:
     return model
 
 
-def segment(stream: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs `[B, Q]` of segment `index` of `stream` `[B, S]`, and its targets (the next tokens), `[B, Q]`."""
-    start = index * TGT_LEN
-    return stream[:, start : start + TGT_LEN], stream[:, start + 1 : start + TGT_LEN + 1]
+def segment(stream: torch.Tensor, index: int, tgt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs `[B, Q]` of segment `index` (Q = `tgt_len`) of `stream` `[B, S]`, and its targets (the next tokens)."""
+    start = index * tgt_len
+    return stream[:, start : start + tgt_len], stream[:, start + 1 : start + tgt_len + 1]
 
 
 def lm_loss(model: Any, impl: str, inputs: torch.Tensor, targets: torch.Tensor | None, memory: Any) -> tuple:
@@ -188,7 +208,7 @@ def phase_save(request: dict) -> dict:
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
     torch.manual_seed(request["seed"])
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**request["config"], mem_len=TRAIN_MEM_LEN))
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**request["config"], mem_len=request["mem_len"]))
     model.save_pretrained(request["folder"])
     return {"parameters": sum(parameter.numel() for parameter in model.parameters())}
 
@@ -196,13 +216,14 @@ def phase_save(request: dict) -> dict:
 @torch.no_grad()
 def phase_check(request: dict) -> dict:
     """Losses of the first two training segments, dropout off, from v4's zero-filled start memory."""
-    model = load_model(request, mem_len=TRAIN_MEM_LEN).eval()
+    model = load_model(request, mem_len=request["mem_len"]).eval()
     if request["impl"] == "transfoxl":
         model.config.memory_init = "zeros"  # v4's start: mem_len zero vectors that the first segment attends to
     stream = torch.load(request["tokens"], weights_only=True)["train"]
     losses, memory = [], None
     for index in range(2):
-        loss, memory = lm_loss(model, request["impl"], segment(stream, index)[0], None, memory)
+        inputs, _ = segment(stream, index, request["tgt_len"])
+        loss, memory = lm_loss(model, request["impl"], inputs, None, memory)
         losses.append(float(loss))
     return {"losses": losses}
 
@@ -210,7 +231,7 @@ def phase_check(request: dict) -> dict:
 def phase_train(request: dict) -> dict:
     """Training steps with the memory carried; seconds per timed step, RSS after loading and at the peak."""
     impl = request["impl"]
-    model = load_model(request, mem_len=TRAIN_MEM_LEN).train()
+    model = load_model(request, mem_len=request["mem_len"]).train()
     if request.get("gradient_checkpointing") and impl == "transfoxl":
         model.gradient_checkpointing_enable()  # layers recompute their activations in backward: memory for time
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
@@ -221,7 +242,7 @@ def phase_train(request: dict) -> dict:
     loaded_rss = current_rss_mb()
     seconds, losses, memory = [], [], None
     for step in range(request["warmup"] + request["steps"]):
-        inputs, targets = segment(stream, step)
+        inputs, targets = segment(stream, step, request["tgt_len"])
         start = time.perf_counter()
         loss, memory = lm_loss(forward, impl, inputs, targets, memory)
         loss.backward()
@@ -238,18 +259,19 @@ def phase_train(request: dict) -> dict:
 def phase_eval(request: dict) -> dict:
     """Evaluation segments (loss only) once the memory is full; seconds per timed segment."""
     impl = request["impl"]
-    model = load_model(request, mem_len=EVAL_MEM_LEN).eval()
+    mem_len, tgt_len = request["eval_mem_len"], request["tgt_len"]
+    model = load_model(request, mem_len=mem_len).eval()
     forward = model  # --compile is for training: inference keeps projected keys/values, which graphs cannot track
     stream = torch.load(request["tokens"], weights_only=True)["eval"]
     memory = None
     if impl == "transfoxl":
         from transfoxl import TxlMemory
 
-        memory = TxlMemory.from_config(model.config, EVAL_MEM_LEN)  # as transfoxl.evaluation.evaluate_stream does
-    warmup = math.ceil(EVAL_MEM_LEN / TGT_LEN) + EVAL_EXTRA_WARMUP
+        memory = TxlMemory.from_config(model.config, mem_len)  # as transfoxl.evaluation.evaluate_stream does
+    warmup = eval_warmup_segments(mem_len=mem_len, tgt_len=tgt_len)
     seconds = []
     for index in range(warmup + request["segments"]):
-        inputs, targets = segment(stream, index)
+        inputs, targets = segment(stream, index, tgt_len)
         start = time.perf_counter()
         _, memory = lm_loss(forward, impl, inputs, targets, memory)
         elapsed = time.perf_counter() - start
@@ -262,32 +284,33 @@ def phase_eval(request: dict) -> dict:
 @torch.no_grad()
 def phase_vanilla(request: dict) -> dict:
     """Seconds per predicted token (batch 1) at each attention length L: no memory, recomputing a window of L tokens
-    for each, against segments of 128 with a full memory of L - 128. Both compute full log-probabilities.
+    for each, against segments of Q = `tgt_len` with a full memory of L - Q. Both compute full log-probabilities.
 
     Once the memory is full, rounds of one vanilla window and `XL_SEGMENTS_PER_WINDOW` segments alternate, so that a
     busy machine slows both alike; the first round warms up.
     """
     from transfoxl import TxlMemory
 
-    model = load_model(request, mem_len=TRAIN_MEM_LEN).eval()
+    tgt_len = request["tgt_len"]
+    model = load_model(request, mem_len=request["mem_len"]).eval()
     model.config.memory_init = "empty"  # the vanilla model sees its window and nothing else
     stream = torch.load(request["tokens"], weights_only=True)["vanilla"]  # [1, N]
     results = {}
     for length in request["attn_lengths"]:
-        mem_len = length - TGT_LEN
+        mem_len = length - tgt_len
         model.config.mem_len = mem_len
         memory = TxlMemory.from_config(model.config, mem_len)
         position = 0  # next segment of the stream for Transformer-XL
 
         def xl_segment() -> float:
             nonlocal memory, position
-            inputs, _ = segment(stream, position)
+            inputs, _ = segment(stream, position, tgt_len)
             position += 1
             start = time.perf_counter()
             memory = model(inputs, past_key_values=memory).past_key_values  # log-probs [1, Q, V] computed
-            return (time.perf_counter() - start) / TGT_LEN
+            return (time.perf_counter() - start) / tgt_len
 
-        for _ in range(math.ceil(mem_len / TGT_LEN)):
+        for _ in range(math.ceil(mem_len / tgt_len)):
             xl_segment()
         vanilla, xl = [], []
         for window in range(1 + VANILLA_WINDOWS):
@@ -299,6 +322,7 @@ def phase_vanilla(request: dict) -> dict:
             "vanilla_s_per_token": vanilla[1:],
             "xl_s_per_token": [seconds for round_ in xl[1:] for seconds in round_],
             "mem_len": mem_len,
+            "tgt_len": tgt_len,
             "memory_length": memory.get_seq_length(),
         }
     return {"lengths": results}
@@ -316,6 +340,8 @@ PHASES = {
 def worker_main() -> int:
     """One JSON request on stdin, one JSON result on stdout (warnings and errors go to stderr)."""
     request = json.loads(sys.stdin.readline())
+    if request.get("threads"):
+        torch.set_num_threads(request["threads"])
     result = PHASES[request["phase"]](request)
     import transformers
 
@@ -383,36 +409,63 @@ def make_tokens(kind: str, vocab_size: int, shapes: dict[str, tuple[int, int]], 
     return tokens
 
 
-def vanilla_tokens(attn_lengths: Sequence[int]) -> int:
+def vanilla_tokens(attn_lengths: Sequence[int], *, tgt_len: int) -> int:
     """Length of the stream `phase_vanilla` reads: the windows, and the segments that fill the memory and are timed."""
     longest = max(attn_lengths)
-    xl_segments = math.ceil(longest / TGT_LEN) + (1 + VANILLA_WINDOWS) * XL_SEGMENTS_PER_WINDOW
-    return max(longest + VANILLA_WINDOWS + 1, xl_segments * TGT_LEN + 1)
+    xl_segments = math.ceil(longest / tgt_len) + (1 + VANILLA_WINDOWS) * XL_SEGMENTS_PER_WINDOW
+    return max(longest + VANILLA_WINDOWS + 1, xl_segments * tgt_len + 1)
+
+
+def eval_warmup_segments(*, mem_len: int, tgt_len: int) -> int:
+    """Evaluation segments before the timed ones: those that fill the memory, then `EVAL_EXTRA_WARMUP`."""
+    return math.ceil(mem_len / tgt_len) + EVAL_EXTRA_WARMUP
 
 
 def spread(values: Sequence[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": list(values)}
 
 
+SHAPE_HELP = {
+    "batch": "columns of the training and evaluation batches",
+    "tgt_len": "segment length, training and evaluation",
+    "mem_len": "training memory length",
+    "eval_mem_len": "evaluation memory length (filled before timing)",
+    "warmup_steps": "training steps per run before the timed ones",
+    "train_steps": "timed training steps per run",
+    "eval_segments": "timed evaluation segments per run, once the memory is full",
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs per implementation and phase (default: %(default)s)")
-    parser.add_argument("--train-steps", type=int, default=10, help="timed training steps per run, after 3 warm-up")
-    parser.add_argument(
-        "--eval-segments", type=int, default=8, help="timed evaluation segments per run, once the memory is full"
+    parser = argparse.ArgumentParser(
+        prog="bench_speed.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="Writes STEM.json, STEM.md and STEM.png into --out (STEM: --stem).",
     )
+    parser.add_argument(
+        "--config",
+        choices=list(SHAPES),
+        default="mid",
+        help="model (default: %(default)s; tiny, tiny_wt103: small stand-ins for the tests)",
+    )
+    parser.add_argument("--runs", type=int, help="runs per implementation and phase (default: mid 5, wt103 3)")
+    for name, help_ in SHAPE_HELP.items():
+        defaults = ", ".join(f"{config} {SHAPES[config][name]}" for config in ("mid", "wt103"))
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"{help_} (default: {defaults})")
     parser.add_argument(
         "--attn-lengths",
         type=int,
         nargs="+",
         default=[800, 3800],
-        help="attention lengths of the comparison with a model without memory (default: %(default)s)",
+        help="attention lengths of the comparison with a model without memory, mid only (default: %(default)s)",
     )
     parser.add_argument(
         "--tokens", choices=["uniform", "zipf"], default="uniform", help="token ids (default: uniform)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config", choices=["mid", "tiny"], default="mid", help="model size (tiny: for the tests)")
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads of every process (default: torch's, the machine's cores)"
+    )
     parser.add_argument(
         "--attn-implementation", choices=["eager", "sdpa"], default=None, help="transfoxl's (default: the config's)"
     )
@@ -428,78 +481,101 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="transfoxl trains with gradient checkpointing (as train.py --gradient-checkpointing); v4 has none",
     )
     parser.add_argument("--skip-v4", action="store_true", help="do not run transformers 4.37.2")
-    parser.add_argument("--skip-vanilla", action="store_true", help="skip the comparison with a model without memory")
+    parser.add_argument(
+        "--skip-vanilla",
+        action="store_true",
+        help="skip the comparison with a model without memory (always skipped for wt103 and tiny_wt103)",
+    )
     parser.add_argument("--v4-venv", type=Path, default=REPO / ".bench" / "venv-v4")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks", help="folder for speed.{json,md,png}")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks", help="output folder (default: %(default)s)")
+    parser.add_argument("--stem", default="speed", help="name of the output files, without suffix (default: speed)")
     args = parser.parse_args(argv)
-    for name in ("runs", "train_steps", "eval_segments"):
+    if args.runs is None:
+        args.runs = DEFAULT_RUNS[args.config]
+    for name, default in SHAPES[args.config].items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for name in ("runs", *SHAPE_HELP):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for length in args.attn_lengths:
-        if length <= TGT_LEN:
-            parser.error(f"--attn-lengths must be > the segment length {TGT_LEN}, got {length}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    args.run_vanilla = not args.skip_vanilla and args.config in WITH_VANILLA
+    if args.run_vanilla:
+        for length in args.attn_lengths:
+            if length <= args.tgt_len:
+                parser.error(f"--attn-lengths must be > the segment length {args.tgt_len}, got {length}")
     args.attn_lengths = sorted(set(args.attn_lengths))
+    if not args.stem or Path(args.stem).name != args.stem:
+        parser.error(f"--stem must be a file name without a folder, got {args.stem!r}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = configs.model_config(args.config, dropout=TRAIN_DROPOUT)
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # the matmul rates, measured here, use the workers' thread count
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-speed-"))
     try:
         results = run_benchmark(args, config, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        torch.set_num_threads(threads)  # process-wide: a caller (a test) gets its own back
     results["wall_s"] = time.perf_counter() - started
 
     from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
 
     table = markdown(results)
     print("\n" + table)
-    write_json_atomically(args.out / "speed.json", results)
-    write_text_atomically(args.out / "speed.md", table + "\n")
-    write_bytes_atomically(args.out / "speed.png", plot_png(results))
-    print(f"\nwrote {args.out / 'speed.json'}, speed.md, speed.png ({results['wall_s']:.0f} s)")
+    written = [f"{args.stem}.json", f"{args.stem}.md", f"{args.stem}.png"]
+    write_json_atomically(args.out / written[0], results)
+    write_text_atomically(args.out / written[1], table + "\n")
+    write_bytes_atomically(args.out / written[2], plot_png(results))
+    print(f"\nwrote {', '.join(written)} into {args.out} ({results['wall_s']:.0f} s)")
     return 0
 
 
 def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
     impls = ["transfoxl"] if args.skip_v4 else list(IMPLEMENTATIONS)
-    train_len = (TRAIN_WARMUP_STEPS + args.train_steps) * TGT_LEN + 1
-    eval_len = (math.ceil(EVAL_MEM_LEN / TGT_LEN) + EVAL_EXTRA_WARMUP + args.eval_segments) * TGT_LEN + 1
+    batch, tgt_len = args.batch, args.tgt_len
+    eval_warmup = eval_warmup_segments(mem_len=args.eval_mem_len, tgt_len=tgt_len)
     shapes = {
-        "train": (BATCH, train_len),
-        "eval": (BATCH, eval_len),
-        "vanilla": (1, vanilla_tokens(args.attn_lengths)),
+        "train": (batch, (args.warmup_steps + args.train_steps) * tgt_len + 1),
+        "eval": (batch, (eval_warmup + args.eval_segments) * tgt_len + 1),
     }
+    if args.run_vanilla:
+        shapes["vanilla"] = (1, vanilla_tokens(args.attn_lengths, tgt_len=tgt_len))
     tokens = make_tokens(args.tokens, config["vocab_size"], shapes, args.seed)
     torch.save(tokens, work / "tokens.pt")
     fractions = cluster_fractions(tokens["train"], config)
     flops = {
         "train": flops_per_token(
             config,
-            tgt_len=TGT_LEN,
-            mem_len=TRAIN_MEM_LEN,
+            tgt_len=tgt_len,
+            mem_len=args.mem_len,
             cluster_fractions=fractions,
-            batch_size=BATCH,
+            batch_size=batch,
             training=True,
         ),
         "eval": flops_per_token(
-            config, tgt_len=TGT_LEN, mem_len=EVAL_MEM_LEN, cluster_fractions=fractions, batch_size=BATCH
+            config, tgt_len=tgt_len, mem_len=args.eval_mem_len, cluster_fractions=fractions, batch_size=batch
         ),
     }
 
     print(
         f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
-    repeats = 5 if args.config == "tiny" else 30  # tiny: the tests, where seconds count
+    repeats = 5 if args.config.startswith("tiny") else 30  # tiny: the tests, where seconds count
     matmul_before = matmul_rates(repeats)
     print("fp32 matmul GFLOP/s (before): " + ", ".join(f"{k} {v:.1f}" for k, v in matmul_before.items()), flush=True)
 
     pythons = {"transfoxl": sys.executable}
     folder = None
-    base = {"config": config, "seed": args.seed, "tokens": str(work / "tokens.pt")}
+    base = {"config": config, "seed": args.seed, "tokens": str(work / "tokens.pt"), "threads": args.threads}
+    base.update(tgt_len=tgt_len, mem_len=args.mem_len, eval_mem_len=args.eval_mem_len)
     base.update(
         attn_implementation=args.attn_implementation,
         compile=args.compile,
@@ -528,7 +604,7 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
         print(f"sanity: {sanity_line(sanity)}", flush=True)
 
     runs: dict[str, dict[str, list]] = {impl: {"train": [], "eval": []} for impl in impls}
-    phase_options = {"train": {"warmup": TRAIN_WARMUP_STEPS, "steps": args.train_steps}}
+    phase_options = {"train": {"warmup": args.warmup_steps, "steps": args.train_steps}}
     phase_options["eval"] = {"segments": args.eval_segments}
     for run in range(args.runs):
         order = impls[run % len(impls) :] + impls[: run % len(impls)]  # rotate who goes first
@@ -538,7 +614,7 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
                 load = os.getloadavg()[0]  # other processes' load: the cause of most spread on a shared machine
                 result = run_worker(pythons[impl], request)
                 result["load_average_before"] = load
-                rates = [BATCH * TGT_LEN / seconds for seconds in result["seconds"]]
+                rates = [batch * tgt_len / seconds for seconds in result["seconds"]]
                 result["tokens_per_s"] = statistics.median(rates)
                 result["gflops"] = result["tokens_per_s"] * flops[phase] / 1e9
                 if phase == "train":
@@ -556,7 +632,7 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
                 )
 
     vanilla = None
-    if not args.skip_vanilla:
+    if args.run_vanilla:
         request = {**base, "impl": "transfoxl", "phase": "vanilla", "attn_lengths": args.attn_lengths}
         vanilla = summarize_vanilla(run_worker(pythons["transfoxl"], request), config, fractions)
         for length, entry in vanilla.items():
@@ -574,24 +650,26 @@ def run_benchmark(args: argparse.Namespace, config: dict, work: Path) -> dict:
             "config_name": args.config,
             "config": config,
             "train": {
-                "batch": BATCH,
-                "tgt_len": TGT_LEN,
-                "mem_len": TRAIN_MEM_LEN,
+                "batch": batch,
+                "tgt_len": tgt_len,
+                "mem_len": args.mem_len,
                 "optimizer": f"AdamW(lr={LEARNING_RATE})",
-                "warmup_steps": TRAIN_WARMUP_STEPS,
+                "warmup_steps": args.warmup_steps,
                 "timed_steps": args.train_steps,
             },
             "eval": {
-                "batch": BATCH,
-                "tgt_len": TGT_LEN,
-                "mem_len": EVAL_MEM_LEN,
-                "warmup_segments": math.ceil(EVAL_MEM_LEN / TGT_LEN) + EVAL_EXTRA_WARMUP,
+                "batch": batch,
+                "tgt_len": tgt_len,
+                "mem_len": args.eval_mem_len,
+                "warmup_segments": eval_warmup,
                 "timed_segments": args.eval_segments,
             },
             "tokens": args.tokens,
             "cluster_fractions": fractions,
             "seed": args.seed,
             "runs": args.runs,
+            "threads": args.threads,
+            "vanilla": "run" if args.run_vanilla else ("skipped" if args.skip_vanilla else "mid only"),
             "attn_implementation": args.attn_implementation,
             "compile": args.compile,
             "gradient_checkpointing": args.gradient_checkpointing,
@@ -663,7 +741,11 @@ def summarize_vanilla(result: dict, config: dict, fractions: list[float]) -> dic
             "vanilla_flops_per_token": int(length)
             * flops_per_token(config, tgt_len=int(length), mem_len=0, cluster_fractions=fractions, all_clusters=True),
             "xl_flops_per_token": flops_per_token(
-                config, tgt_len=TGT_LEN, mem_len=entry["mem_len"], cluster_fractions=fractions, all_clusters=True
+                config,
+                tgt_len=entry["tgt_len"],
+                mem_len=entry["mem_len"],
+                cluster_fractions=fractions,
+                all_clusters=True,
             ),
         }
     return summary
@@ -702,7 +784,7 @@ def markdown(results: dict) -> str:
     setup, machine, summary = results["setup"], results["machine"], results["summary"]
     ours, theirs, ratio = summary["transfoxl"], summary.get("v4"), summary.get("ratio", {})
     matmul, flops = results["matmul_gflops"], results["flops_per_token"]
-    config = setup["config"]
+    config, train, evaluation = setup["config"], setup["train"], setup["eval"]
 
     def ratio_cell(name: str) -> str:
         return f"{ratio[name]:.2f}x" if name in ratio else "-"
@@ -716,9 +798,12 @@ def markdown(results: dict) -> str:
         f"Transformer-XL, {setup['config_name']} config ({config['n_layer']} layers, d_model {config['d_model']}, "
         f"{config['n_head']} heads x {config['d_head']}, d_inner {config['d_inner']}, vocab {config['vocab_size']}, "
         f"cutoffs {config['cutoffs']}, div_val {config['div_val']}), fp32, {setup['tokens']} token ids. "
-        f"Training: batch {BATCH} x {TGT_LEN}, mem_len {TRAIN_MEM_LEN}, dropout {config['dropout']}, AdamW; "
-        f"evaluation: batch {BATCH} x {TGT_LEN}, mem_len {EVAL_MEM_LEN}, loss only. Median over {setup['runs']} runs "
-        "(min-max), each a fresh process, implementations alternated." + variant_sentence(setup),
+        f"Training: batch {train['batch']} x {train['tgt_len']}, mem_len {train['mem_len']}, dropout "
+        f"{config['dropout']}, AdamW, {train['warmup_steps']} warm-up and {train['timed_steps']} timed steps; "
+        f"evaluation: batch {evaluation['batch']} x {evaluation['tgt_len']}, mem_len {evaluation['mem_len']}, loss "
+        f"only, {evaluation['warmup_segments']} warm-up and {evaluation['timed_segments']} timed segments. Median "
+        f"over {setup['runs']} runs (min-max), each a fresh process, implementations alternated."
+        + variant_sentence(setup),
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores ({machine['torch_threads']} torch threads), "
         f"torch {machine['torch']}, transformers {machine['transformers']} (transfoxl) and "
@@ -767,8 +852,9 @@ def markdown(results: dict) -> str:
         lines += [
             "",
             "Evaluation speed against a model without memory (Dai et al. 2019, Table 9), transfoxl, batch 1: the "
-            f"vanilla model recomputes a window of L tokens for each predicted token; Transformer-XL reads segments "
-            f"of {TGT_LEN} with a full memory of L - {TGT_LEN}. Full log-probabilities for each predicted token; "
+            "vanilla model recomputes a window of L tokens for each predicted token; Transformer-XL reads segments "
+            f"of {train['tgt_len']} with a full memory of L - {train['tgt_len']}. Full log-probabilities for each "
+            "predicted token; "
             f"median over {VANILLA_WINDOWS} windows and {VANILLA_WINDOWS * XL_SEGMENTS_PER_WINDOW} segments, "
             "interleaved.",
             "",
@@ -811,7 +897,8 @@ def plot_png(results: dict) -> bytes:
         labels = [label for _, label in phases]
     left.set_xticks(range(len(phases)), labels)
     left.set_ylabel("tokens/s (median, min-max)")
-    left.set_title(f"{results['setup']['config_name']} config, batch {BATCH} x {TGT_LEN}")
+    train = results["setup"]["train"]
+    left.set_title(f"{results['setup']['config_name']} config, batch {train['batch']} x {train['tgt_len']}")
     left.legend()
     if results["vanilla"]:
         lengths = list(results["vanilla"])
