@@ -222,39 +222,39 @@ def relative_attention_by_query_blocks(
     `mask` must hide every key after a query's own position (j > M + i, as every mask the model builds does):
     queries [s, e) then see keys [0, M + e) only, which is exactly a segment of e - s queries after a memory of M + s:
     the same relative attention over a prefix of the keys and the last M + e rows of rel_key. Skipping the hidden
-    keys saves up to half of the score products of a causal segment, and a block's `[H B, e - s, M + e]` scores stay
+    keys saves up to half of the score products of a causal segment, and a block's `[B H, e - s, M + e]` scores stay
     in the CPU's caches instead of going through memory several times. A block is computed as the training kernel's
-    forward computes a segment (head-major, the mask added in the pass that lays out the position scores, the content
-    product accumulated into them, one softmax), without what backward would need.
+    forward computes a segment (the mask added in the pass that lays out the position scores, the content product
+    accumulated into them, one softmax), without what backward would need.
     """
     batch, heads, q_len, head_dim = query.shape
     k_len, dtype = key.shape[2], key.dtype  # (under autocast, the biases may be wider than the projections)
     mem_len = k_len - q_len
-    by_head = query.transpose(0, 1)  # [H, B, Q, D]
-    content_query = ((by_head + content_bias[:, None, None]) * scaling).to(dtype)
-    position_query = ((by_head + position_bias[:, None, None]) * scaling).to(dtype)
-    key = key.transpose(0, 1).reshape(heads * batch, k_len, head_dim)  # [H B, K, D]: a view at batch 1
-    value = value.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
+    content_query = ((query + content_bias[:, None]) * scaling).to(dtype).contiguous()  # [B, H, Q, D]
+    position_query = ((query + position_bias[:, None]) * scaling).to(dtype).transpose(0, 1)  # [H, B, Q, D]
+    # Batch-major: the memory's keys and values are [B, H, K, D] views of one buffer each, so these are views too.
+    key = key.reshape(batch * heads, k_len, head_dim)  # [B H, K, D]
+    value = value.reshape(batch * heads, k_len, head_dim)
     # A block's keys are the last M + e rows of rel_key; `shifted_product` wants a row before them, whose products
     # land only on the hidden entry j = M + i + 1 of each query: any row will do, the padding row for the last block.
     padded_rel_key = pad_relative_keys(rel_key.to(dtype))  # [H, K + 1, D]
-    # Added, not selected with torch.where (several times faster on a CPU); [Q, K] or [B, Q, K], broadcast over heads.
-    additive_mask = torch.zeros(mask.shape, dtype=dtype, device=key.device)
-    additive_mask = additive_mask.masked_fill_(mask, torch.finfo(dtype).min)
-    additive_mask = additive_mask if mask.dim() == 2 else additive_mask[:, 0]
+    # Added, not selected with torch.where (several times faster on a CPU): [Q, K] or [B, 1, Q, K].
+    additive_mask = torch.zeros(mask.shape, dtype=dtype, device=key.device).masked_fill_(mask, torch.finfo(dtype).min)
     output = value.new_empty(batch, q_len, heads, head_dim)  # the layout the output projection reads
     for start in range(0, q_len, block):
         end = min(q_len, start + block)
         rows, visible = end - start, mem_len + end
+        # The position scores come out head-major (rel_key is per head, shared by the batch); the pass that adds
+        # the mask lays them out batch-major.
         position_rows = position_query[:, :, start:end].reshape(heads, batch * rows, head_dim)  # [H, B C, D]
         shifted = shifted_product(position_rows, padded_rel_key[:, k_len - visible :], batch)  # [H, B, C, M + e]
-        scores = key.new_empty(heads, batch, rows, visible)
-        torch.add(shifted, additive_mask[..., start:end, :visible], out=scores)
-        content_rows = content_query[:, :, start:end].reshape(heads * batch, rows, head_dim)  # [H B, C, D]
-        scores = scores.view(heads * batch, rows, visible).baddbmm_(content_rows, key[:, :visible].transpose(1, 2))
+        scores = key.new_empty(batch, heads, rows, visible)
+        torch.add(shifted.transpose(0, 1), additive_mask[..., start:end, :visible], out=scores)
+        content_rows = content_query[:, :, start:end].reshape(batch * heads, rows, head_dim)  # [B H, C, D]
+        scores = scores.view(batch * heads, rows, visible).baddbmm_(content_rows, key[:, :visible].transpose(1, 2))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-        block_output = torch.bmm(probs, value[:, :visible])  # [H B, C, D]
-        output[:, start:end] = block_output.view(heads, batch, rows, head_dim).permute(1, 2, 0, 3)
+        block_output = torch.bmm(probs, value[:, :visible])  # [B H, C, D]
+        output[:, start:end] = block_output.view(batch, heads, rows, head_dim).transpose(1, 2)
     return output.transpose(1, 2)  # [B, H, Q, D]
 
 
