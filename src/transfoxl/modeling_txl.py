@@ -233,25 +233,26 @@ def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(inputs, weight, bias)
 
 
-def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """`module(inputs)` for a linear layer: a bare `nn.Linear` (no adapter, hook or replaced forward) by `_linear`."""
-    if type(module) is nn.Linear and not (
-        module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
-    ):
-        return _linear(inputs, module.weight, module.bias)
-    return module(inputs)
-
-
-def _is_plain_linear(module: nn.Module) -> bool:
-    """Whether `module` is a bare `nn.Linear` without bias (not wrapped by an adapter, hooked or replaced): its weight
-    alone then says what it computes, so the weight may be sliced, and results keyed on it."""
+def _is_bare_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` itself: not wrapped by an adapter, hooked or replaced, so that its weight and
+    bias say what it computes."""
     return (
         type(module) is nn.Linear
-        and module.bias is None
         and not module._forward_hooks
         and not module._forward_pre_hooks
         and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
     )
+
+
+def _is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is a bare `nn.Linear` without bias: its weight alone then says what it computes, so the weight
+    may be sliced, and results keyed on it."""
+    return _is_bare_linear(module) and module.bias is None
+
+
+def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """`module(inputs)` for a linear layer; a bare `nn.Linear` by `_linear` (adapters and hooks keep the call)."""
+    return _linear(inputs, module.weight, module.bias) if _is_bare_linear(module) else module(inputs)
 
 
 def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
@@ -294,8 +295,8 @@ class TxlRelativeAttention(nn.Module):
     query_block = 64
 
     def _by_query_blocks(self, query: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
-        """Whether SDPA runs a block of queries at a time: inference (nothing needs a gradient) on a CPU, a segment
-        longer than a block, and a causal mask (every mask the model builds for more than one query)."""
+        """Whether the segment attends a block of queries at a time: inference (nothing needs a gradient) on a CPU, a
+        segment longer than a block, and a causal mask (every mask the model builds for more than one query)."""
         return (
             query.shape[2] > self.query_block
             and mask is not None
