@@ -507,3 +507,49 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
         monkeypatch.setattr(modeling_txl, "_one_row_inference", lambda inputs, weight: False)
         expected = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+
+
+def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkeypatch):
+    """Training only v (bias tuning) with frozen weights: the queries need no gradient but the position bias does,
+    so a long segment must not go by query blocks (their out= passes refuse autograd); eager's gradients."""
+    from transfoxl import modeling_txl
+
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "query_block", 4)
+    ids = covering_ids(97, batch=2, length=12)
+    grads = []
+    for implementation in ("sdpa", "eager"):
+        model = tiny_lm(attn_implementation=implementation).train()
+        model.requires_grad_(False)
+        biases = [layer.attention.position_bias.requires_grad_(True) for layer in model.transformer.layers]
+        model(ids, labels=ids).loss.backward()
+        grads.append([bias.grad for bias in biases])
+    for grad, expected in zip(*grads):
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+
+
+def test_linear_layers_keep_their_module_call_for_hooks():
+    """Outside one-row inference every linear layer is called as a module: its backward hooks and global module
+    hooks see it in training, and a forward hook's captured output is not rectified in place in inference."""
+    model = tiny_lm().train()
+    layer = model.transformer.layers[0]
+    backward_calls, global_calls, captured = [], [], []
+    for module in (layer.ffn.up_proj, layer.attention.o_proj):
+        module.register_full_backward_hook(lambda module, grad_in, grad_out: backward_calls.append(module))
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: global_calls.append(module) if isinstance(module, torch.nn.Linear) else None
+    )
+    try:
+        ids = covering_ids(97, batch=2, length=6)
+        model(ids, labels=ids).loss.backward()
+    finally:
+        handle.remove()
+    assert len(backward_calls) == 2
+    linears = [module for module in model.modules() if type(module) is torch.nn.Linear]
+    assert {id(module) for module in global_calls} == {id(module) for module in linears}
+
+    model.eval()
+    layer.ffn.up_proj.register_forward_hook(lambda module, args, output: captured.append((output, output.clone())))
+    with torch.no_grad():
+        model(ids)
+    kept, copy = captured[-1]
+    assert torch.equal(kept, copy) and (copy < 0).any()  # the hook's tensor still holds negative pre-activations

@@ -234,12 +234,16 @@ def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _is_bare_linear(module: nn.Module) -> bool:
-    """Whether `module` is an `nn.Linear` itself: not wrapped by an adapter, hooked or replaced, so that its weight and
-    bias say what it computes."""
+    """Whether `module` is an `nn.Linear` itself: not wrapped by an adapter, hooked (its own hooks or global module
+    hooks) or replaced, so that its weight and bias say what it computes and nothing watches its call."""
     return (
         type(module) is nn.Linear
         and not module._forward_hooks
         and not module._forward_pre_hooks
+        and not module._backward_hooks
+        and not module._backward_pre_hooks
+        and not nn.modules.module._global_forward_hooks
+        and not nn.modules.module._global_forward_pre_hooks
         and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
     )
 
@@ -251,8 +255,11 @@ def _is_plain_linear(module: nn.Module) -> bool:
 
 
 def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """`module(inputs)` for a linear layer; a bare `nn.Linear` by `_linear` (adapters and hooks keep the call)."""
-    return _linear(inputs, module.weight, module.bias) if _is_bare_linear(module) else module(inputs)
+    """`module(inputs)` for a linear layer; one row in CPU inference through a bare `nn.Linear` by `one_row_linear`
+    (adapters, hooks and everything else keep the module call)."""
+    if _is_bare_linear(module) and _one_row_inference(inputs, module.weight):
+        return one_row_linear(inputs, module.weight, module.bias)
+    return module(inputs)
 
 
 def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
@@ -294,15 +301,17 @@ class TxlRelativeAttention(nn.Module):
     # skipped (docs/performance.md).
     query_block = 64
 
-    def _by_query_blocks(self, query: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
-        """Whether the segment attends a block of queries at a time: inference (nothing needs a gradient) on a CPU, a
-        segment longer than a block, and a causal mask (every mask the model builds for more than one query)."""
+    def _by_query_blocks(self, arguments: tuple, dropout: float) -> bool:
+        """Whether the segment attends a block of queries at a time: inference (no input of the attention needs a
+        gradient) on a CPU, a segment longer than a block, and a causal mask (every mask the model builds for more
+        than one query). `arguments`: those of `eager_relative_attention`."""
+        query, mask = arguments[0], arguments[-1]
         return (
             query.shape[2] > self.query_block
             and mask is not None
             and dropout == 0.0
             and query.device.type == "cpu"
-            and not (torch.is_grad_enabled() and query.requires_grad)
+            and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
             and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
         )
 
@@ -398,7 +407,7 @@ class TxlRelativeAttention(nn.Module):
             attn_output = relative_attention(*arguments, scaling=self.scaling)
         elif q_len == 1 and dropout == 0.0:  # decoding
             attn_output = one_query_attention(*arguments, scaling=self.scaling)
-        elif self._by_query_blocks(query, mask, dropout):
+        elif self._by_query_blocks(arguments, dropout):
             attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=self.query_block)
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
@@ -431,9 +440,9 @@ class TxlFeedForward(nn.Module):
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
         inner = _project(self.up_proj, inputs)  # [B, Q, d_inner]
-        if torch.is_grad_enabled() or (self.training and self.dropout.p > 0):
+        if torch.is_grad_enabled() or (self.training and self.dropout.p > 0) or not _is_bare_linear(self.up_proj):
             inner = relu_dropout(inner, self.dropout.p, self.training)
-        else:  # inference: the product's own output is rectified in place
+        else:  # inference: the product's own output (no hook holds it) is rectified in place
             inner = inner.relu_()
         output = _dropout(self.dropout, _project(self.down_proj, inner))
         if self.pre_lnorm:
