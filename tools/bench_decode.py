@@ -410,21 +410,29 @@ def time_forward(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, 
     return {"prefill_s": prefill, "steps_s": steps, "tokens": torch.cat(tokens, dim=1).tolist()}
 
 
+def generate_run(generated: dict, load: float) -> dict:
+    """One run of `time_generate` as the results keep it: its per-run median step."""
+    return {
+        "prefill_s": generated["prefill_s"],
+        "step_s": statistics.median(generated["steps_s"]),
+        "steps_s": generated["steps_s"],
+        "total_s": generated["total_s"],
+        "tokens": generated["tokens"],
+        "load_average_before": load,
+    }
+
+
 def measure(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, impl: str) -> dict[str, Any]:
     """One run of one implementation: generate(), then the bare forward calls; per-run medians of the steps."""
     load = os.getloadavg()[0]  # other processes' load: the cause of most spread on a shared machine
     generated = time_generate(model, prompt, new_tokens)
     forward = time_forward(model, prompt, new_tokens, impl)
     return {
-        "prefill_s": generated["prefill_s"],
-        "step_s": statistics.median(generated["steps_s"]),
-        "steps_s": generated["steps_s"],
-        "total_s": generated["total_s"],
+        **generate_run(generated, load),
         "forward_prefill_s": forward["prefill_s"],
         "forward_step_s": statistics.median(forward["steps_s"]),
         "forward_steps_s": forward["steps_s"],
         "same_tokens": generated["tokens"] == forward["tokens"],
-        "load_average_before": load,
     }
 
 
@@ -768,18 +776,6 @@ def memory_init(model: torch.nn.Module, value: str):
         yield
     finally:
         model.config.memory_init = before
-
-
-def generate_run(generated: dict, load: float) -> dict:
-    """One run of `time_generate` as the results keep it: its per-run median step."""
-    return {
-        "prefill_s": generated["prefill_s"],
-        "step_s": statistics.median(generated["steps_s"]),
-        "steps_s": generated["steps_s"],
-        "total_s": generated["total_s"],
-        "tokens": generated["tokens"],
-        "load_average_before": load,
-    }
 
 
 def v4_save_worker(request: dict) -> dict:

@@ -162,12 +162,6 @@ class TxlMemoryLayer(CacheLayerMixin):
         # (kept < the memory's length: the hidden states moved on without them)
         return self.projection_version == projection_version and kept > 0 and kept == len(self._hidden)
 
-    def projections(self, projection_version: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The kept keys and values `[B, H, M, D]` if weights `projection_version` made them, else None."""
-        if not self.has_projections(projection_version):
-            return None
-        return self._keys.value, self._values.value
-
     def store_projections(self, keys: torch.Tensor, values: torch.Tensor, projection_version: tuple | None) -> None:
         """Keep the projections `[B, H, M + Q, D]` of the memory and a new segment (their last `mem_len`)."""
         if projection_version is None or self.mem_len == 0:
