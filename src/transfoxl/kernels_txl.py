@@ -105,7 +105,7 @@ class _RelativeAttentionFunction(torch.autograd.Function):
             torch.add(shifted, additive_mask, out=scores)
         del shifted
         scores = scores.view(batch_heads, q_len, k_len).baddbmm_(content_query, key.transpose(1, 2), alpha=scaling)
-        probs = torch.softmax(scores, dim=-1)  # [H B, Q, K]
+        probs = torch._softmax(scores, -1, False, out=scores)  # [H B, Q, K], in place: one such tensor, not two
         del scores
         ctx.save_for_backward(content_query, key, value, padded_rel_key, bias_shift, probs)
         ctx.scaling = scaling

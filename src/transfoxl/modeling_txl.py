@@ -378,7 +378,9 @@ class TxlRelativeAttention(nn.Module):
         if context.shape[1] > q_len and _is_plain_linear(self.qkv_proj):
             # Only the segment needs queries: slicing the weight spares the memory rows' (1/6 of the projection's
             # FLOPs when M = Q). Hooks, adapters (LoRA) and quantised layers keep the module call below.
-            query = F.linear(context[:, -q_len:], self.qkv_proj.weight[:inner])  # [B, Q, H*D]
+            # (post-LN: the segment's rows are `hidden_states` itself, which F.linear reads without copying the slice)
+            segment = context[:, -q_len:] if self.pre_lnorm else hidden_states
+            query = F.linear(segment, self.qkv_proj.weight[:inner])  # [B, Q, H*D]
             query = query.view(batch, q_len, self.n_head, self.d_head).transpose(1, 2)  # [B, H, Q, D]
             key_value = F.linear(context, self.qkv_proj.weight[inner:])  # [B, K, 2 H*D]
             key_value = key_value.view(batch, context.shape[1], 2 * self.n_head, self.d_head).transpose(1, 2)
