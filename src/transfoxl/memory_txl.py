@@ -35,12 +35,18 @@ class SlidingWindow:
         self.dim, self.max_len, self.room = dim, max_len, room
         self.buffer: torch.Tensor | None = None
         self.start = self.end = 0
+        self.shared_version: int | None = None  # the buffer's version when `extend` kept a tensor without copying
 
     @property
     def value(self) -> torch.Tensor | None:
         """The kept entries (a view), or None when empty."""
         if self.buffer is None or self.end == self.start:
             return None
+        if self.shared_version is not None and self.buffer._version != self.shared_version:
+            raise RuntimeError(
+                "A tensor kept in the memory without a copy was modified in place after the segment that made it "
+                "(a layer input seen by a forward hook?); clone it before writing into it."
+            )
         return self.buffer.narrow(self.dim, self.start, self.end - self.start)
 
     def __len__(self) -> int:
@@ -51,7 +57,7 @@ class SlidingWindow:
         """Keep exactly `tensor` (its last `max_len` entries), or nothing."""
         if tensor is not None and tensor.shape[self.dim] > self.max_len:
             tensor = tensor.narrow(self.dim, tensor.shape[self.dim] - self.max_len, self.max_len)
-        self.buffer, self.start = tensor, 0
+        self.buffer, self.start, self.shared_version = tensor, 0, None
         self.end = 0 if tensor is None else tensor.shape[self.dim]
 
     def append(self, new: torch.Tensor) -> torch.Tensor:
@@ -75,28 +81,37 @@ class SlidingWindow:
             buffer = new.new_empty(shape)
             if kept is not None:
                 buffer.narrow(self.dim, 0, kept_len).copy_(kept)
-            self.buffer, self.start, self.end = buffer, 0, kept_len
+            self.buffer, self.start, self.end, self.shared_version = buffer, 0, kept_len, None
         buffer.narrow(self.dim, self.end, count).copy_(new)
         self.end += count
         full = buffer.narrow(self.dim, self.start, self.end - self.start)
         self.start = max(self.start, self.end - self.max_len)
         return full
 
-    def extend(self, new: torch.Tensor) -> None:
+    def extend(self, new: torch.Tensor, *, private: bool = False) -> None:
         """`append` without handing anything out. With gradients on, the kept entries go into a new buffer of
         exactly their size (autograd may hold views of the old one), so that the memory carried from one training
-        step to the next holds nothing but itself."""
+        step to the next holds nothing but itself.
+
+        `private`: no one but the caller holds `new`, so when the window becomes exactly `new` (a memory as long as
+        the segment, the usual training set-up) it is kept without a copy: a copy per layer per step costs its time,
+        and its block, outliving the step's activations around it, splits the space they free. Outside tracing only;
+        a write into `new` afterwards is caught when the window is read.
+        """
         if not torch.is_grad_enabled():
             self.append(new)
             return
         kept = self.value
         take_new = min(new.shape[self.dim], self.max_len)
         take_kept = 0 if kept is None else min(kept.shape[self.dim], self.max_len - take_new)
+        if private and take_kept == 0 and take_new == new.shape[self.dim] and not torch.compiler.is_compiling():
+            self.buffer, self.start, self.end, self.shared_version = new, 0, take_new, new._version
+            return
         pieces = [new.narrow(self.dim, new.shape[self.dim] - take_new, take_new)]
         if take_kept > 0:
             pieces.insert(0, kept.narrow(self.dim, kept.shape[self.dim] - take_kept, take_kept))
         self.buffer = torch.cat(pieces, dim=self.dim)  # a copy even of one piece: never a view of the caller's tensor
-        self.start, self.end = 0, take_kept + take_new
+        self.start, self.end, self.shared_version = 0, take_kept + take_new, None
 
     def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the kept entries by `function(kept)` (a batch operation: reorder, repeat, select, move)."""
@@ -144,12 +159,15 @@ class TxlMemoryLayer(CacheLayerMixin):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def update(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | None:
-        """Append this layer's input for a segment, `[B, Q, E]`; keep the last `mem_len` positions."""
+    def update(self, hidden_states: torch.Tensor, *args, private: bool = False, **kwargs) -> torch.Tensor | None:
+        """Append this layer's input for a segment, `[B, Q, E]`; keep the last `mem_len` positions. `private`: the
+        model made `hidden_states` and hands it to no one else, so it may be kept without a copy
+        (`SlidingWindow.extend`)."""
         if not self.is_initialized:
             self.lazy_initialization(hidden_states)
         if self.mem_len > 0:
-            self._hidden.extend(hidden_states.detach() if hidden_states.requires_grad else hidden_states)
+            hidden = hidden_states.detach() if hidden_states.requires_grad else hidden_states
+            self._hidden.extend(hidden, private=private)
         return self.hidden
 
     def read(self, keep_projections: bool) -> LayerMemory:

@@ -986,10 +986,16 @@ class TxlModel(TxlPreTrainedModel):
                 layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
             )
             attentions.append(attn_weights)
-            if use_cache:  # after the layer has read its memory; outside the layer for gradient checkpointing
-                if not keep_projections:
-                    memory_layer.drop_projections()
+            if use_cache and keep_projections:  # after the layer has read its memory; outside it for checkpointing
                 memory_layer.update(layer_inputs[-1])
+        if use_cache and not keep_projections:
+            # Training: after the last layer, as a copy made between a layer's activations outlives them and splits
+            # the space they free (peak RSS, docs/performance.md). Layer inputs the model made and returns to no one
+            # may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input without dropout).
+            callers = None if input_ids is not None else inputs_embeds
+            for memory_layer, layer_input in zip(memory_layers, layer_inputs):
+                memory_layer.drop_projections()
+                memory_layer.update(layer_input, private=not output_hidden_states and layer_input is not callers)
         hidden_states = _dropout(self.dropout, hidden_states)
 
         output = BaseModelOutputWithPast(
