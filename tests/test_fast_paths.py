@@ -183,6 +183,34 @@ def test_inference_takes_the_one_query_and_block_paths_and_matches_eager(monkeyp
     assert taken["one_query"] == 2 * fast.config.n_layer  # the two decoded tokens
 
 
+def test_query_blocks_shrink_to_the_byte_budget_and_still_match_eager(monkeypatch):
+    """A block's rows are `query_block` while its [B, H, rows, K] scores fit `block_bytes`, else the multiple of 8
+    (at least 8) that fits; the model's logits do not change with the block size."""
+    from transfoxl import modeling_txl
+
+    attention = tiny_lm().transformer.layers[0].attention
+    query = torch.zeros(2, 4, 1, 8)  # [B, H, ., D]: 32 bytes of scores per key and query row
+    assert attention._block_rows(query, 100) == 64  # 64 rows: 200 KB, under 4 MB
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "block_bytes", 32 * 100 * 20)
+    assert attention._block_rows(query, 100) == 16  # 20 rows fit: down to a multiple of 8
+    assert attention._block_rows(query, 1000) == 8  # 2 rows fit: at least 8
+    blocks = []
+
+    def recording(*args, block, **kwargs):
+        blocks.append(block)
+        return relative_attention_by_query_blocks(*args, block=block, **kwargs)
+
+    monkeypatch.setattr(modeling_txl, "relative_attention_by_query_blocks", recording)
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "query_block", 16)  # 40 queries: blocks
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "block_bytes", 32 * 40 * 12)  # 12 rows of 40 keys fit
+    fast = tiny_lm(mem_len=16, attn_implementation="sdpa")
+    eager = tiny_lm(mem_len=16, attn_implementation="eager")
+    ids = covering_ids(97, batch=2, length=40)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids).logits, eager(ids).logits, rtol=0, atol=1e-5)
+    assert blocks == [8] * fast.config.n_layer
+
+
 def test_cpu_training_kernel_is_taken_only_where_it_applies():
     leaf = torch.randn(2, 3, requires_grad=True)
     plain = torch.randn(2, 3)

@@ -259,7 +259,10 @@ def relative_attention_by_query_blocks(
         torch.add(shifted.transpose(0, 1), additive_mask[..., start:end, :visible], out=scores)
         content_rows = content_query[:, :, start:end].reshape(batch * heads, rows, head_dim)  # [B H, C, D]
         scores = scores.view(batch * heads, rows, visible).baddbmm_(content_rows, key[:, :visible].transpose(1, 2))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        if scores.dtype == torch.float32:  # in place: one block-sized tensor fewer
+            probs = torch._softmax(scores, -1, False, out=scores)
+        else:  # (autocast) in float32, as eager attention
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
         block_output = torch.bmm(probs, value[:, :visible])  # [B H, C, D]
         output[:, start:end] = block_output.view(batch, heads, rows, head_dim).transpose(1, 2)
     return output.transpose(1, 2)  # [B, H, Q, D]

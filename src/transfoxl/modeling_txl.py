@@ -296,10 +296,18 @@ class TxlRelativeAttention(nn.Module):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
         self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
 
-    # Long segments in inference on a CPU attend `query_block` queries at a time (`kernels_txl`'s
-    # `relative_attention_by_query_blocks`): each block's scores stay in cache, and the keys after its last query are
-    # skipped (docs/performance.md).
+    # Long segments in inference on a CPU attend up to `query_block` queries at a time (`kernels_txl`'s
+    # `relative_attention_by_query_blocks`), fewer where a block's `[B, H, rows, K]` scores would pass `block_bytes`:
+    # each block's scores stay in cache, the keys after its last query are skipped, and its tensors stay below the
+    # size from which glibc maps fresh pages for every allocation (docs/performance.md).
     query_block = 64
+    block_bytes = 4 * 2**20
+
+    def _block_rows(self, query: torch.Tensor, k_len: int) -> int:
+        """Queries per block: `query_block`, or the multiple of 8 (at least 8) whose scores fit `block_bytes`."""
+        batch, heads = query.shape[:2]
+        fitting = self.block_bytes // (batch * heads * k_len * query.element_size())
+        return min(self.query_block, max(8, fitting // 8 * 8))
 
     def _by_query_blocks(self, arguments: tuple, dropout: float) -> bool:
         """Whether the segment attends a block of queries at a time: inference (no input of the attention needs a
@@ -410,7 +418,8 @@ class TxlRelativeAttention(nn.Module):
         elif q_len == 1 and dropout == 0.0:  # decoding
             attn_output = one_query_attention(*arguments, scaling=self.scaling)
         elif self._by_query_blocks(arguments, dropout):
-            attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=self.query_block)
+            block = self._block_rows(query, key.shape[2])
+            attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=block)
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
