@@ -370,7 +370,8 @@ def test_training_memory_keeps_a_segment_long_layer_input_without_a_copy():
     model = tiny_lm(mem_len=4).train()
     ids = covering_ids(model.config.vocab_size, 2, 8)
     seen = []
-    hooks = [layer.register_forward_pre_hook(lambda _, args: seen.append(args[0])) for layer in model.transformer.layers]
+    layers = model.transformer.layers
+    hooks = [layer.register_forward_pre_hook(lambda _, args: seen.append(args[0])) for layer in layers]
     shared = model(ids[:, :4], labels=ids[:, :4]).past_key_values
     for layer, layer_input in zip(shared.layers, seen):
         assert layer.hidden.data_ptr() == layer_input.data_ptr()
@@ -381,7 +382,7 @@ def test_training_memory_keeps_a_segment_long_layer_input_without_a_copy():
     torch.testing.assert_close(next_loss, model(ids[:, 4:], labels=ids[:, 4:], past_key_values=copied).loss)
     seen[1].add_(1.0)  # the second segment's layer-1 input, which the memory now keeps
     with pytest.raises(RuntimeError, match="modified in place"):
-        shared.layers[1].hidden
+        _ = shared.layers[1].hidden
     for hook in hooks:
         hook.remove()
 

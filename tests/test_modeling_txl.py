@@ -147,6 +147,27 @@ def test_memory_is_detached_capped_and_holds_the_latest_layer_inputs():
         assert torch.equal(stored, expected.detach())
 
 
+def test_sliding_window_keeps_the_latest_entries_and_moves_them_rarely():
+    """Appends of any size keep exactly the last max_len entries in order; views handed out stay valid; segments
+    longer than the default room move the kept entries at most every third append, one token at a time every 64."""
+    from transfoxl.memory_txl import SlidingWindow
+
+    length = 960
+    for count, max_len, most_moves in ((80, 200, 1 + 12 // 3), (1, 30, 1 + 960 // 64)):
+        window, stream = SlidingWindow(dim=1, max_len=max_len), torch.arange(float(length))[None]
+        views, moves, buffer = [], 0, None
+        for start in range(0, length, count):
+            with torch.no_grad():
+                views.append((start, window.append(stream[:, start : start + count])))
+            moves += window.buffer is not buffer
+            buffer = window.buffer
+            end = start + count
+            assert torch.equal(window.value, stream[:, max(0, end - max_len) : end])
+        for start, view in views:  # each returned the entries kept before it, then its own
+            assert torch.equal(view, stream[:, max(0, start - max_len) : start + count])
+        assert moves <= most_moves
+
+
 def test_mem_len_zero_keeps_no_memory():
     model = tiny_lm(mem_len=0)
     ids = covering_ids(model.config.vocab_size, batch=2, length=5)

@@ -27,7 +27,8 @@ class SlidingWindow:
     """The last `max_len` entries of a sequence that grows along dimension `dim`, stored with room to append.
 
     Appending writes into the free room after the kept entries, so decoding one token does not copy the whole
-    memory; when the room runs out, the kept entries move once to a new buffer with `room` free entries again.
+    memory; when the room runs out, the kept entries move once to a new buffer with `room` free entries again (or
+    room for two more appends as long as the last one, if that is more).
     Entries already written are never overwritten, so views handed out stay valid.
     """
 
@@ -77,7 +78,9 @@ class SlidingWindow:
             kept = self.value
             kept_len = 0 if kept is None else kept.shape[self.dim]
             shape = list(new.shape)
-            shape[self.dim] = kept_len + count + self.room
+            # Room for `room` entries, or two more appends of this size: segments longer than `room` (evaluation)
+            # would otherwise move the kept entries at every append.
+            shape[self.dim] = kept_len + count + max(self.room, 2 * count)
             buffer = new.new_empty(shape)
             if kept is not None:
                 buffer.narrow(self.dim, 0, kept_len).copy_(kept)
