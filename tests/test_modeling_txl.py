@@ -166,6 +166,9 @@ def test_sliding_window_keeps_the_latest_entries_and_moves_them_rarely():
         for start, view in views:  # each returned the entries kept before it, then its own
             assert torch.equal(view, stream[:, max(0, start - max_len) : start + count])
         assert moves <= most_moves
+    prompt = SlidingWindow(dim=1, max_len=1000)
+    prompt.append(torch.zeros(1, 512))  # a prompt before decoding: only the default room of 64
+    assert prompt.buffer.shape[1] == 512 + 64
 
 
 def test_mem_len_zero_keeps_no_memory():

@@ -28,7 +28,7 @@ class SlidingWindow:
 
     Appending writes into the free room after the kept entries, so decoding one token does not copy the whole
     memory; when the room runs out, the kept entries move once to a new buffer with `room` free entries again (or
-    room for two more appends as long as the last one, if that is more).
+    room for two more appends as long as the last one, if that is more, up to `max_len`).
     Entries already written are never overwritten, so views handed out stay valid.
     """
 
@@ -78,9 +78,11 @@ class SlidingWindow:
             kept = self.value
             kept_len = 0 if kept is None else kept.shape[self.dim]
             shape = list(new.shape)
-            # Room for `room` entries, or two more appends of this size: segments longer than `room` (evaluation)
-            # would otherwise move the kept entries at every append.
-            shape[self.dim] = kept_len + count + max(self.room, 2 * count)
+            # Room for `room` entries, or, when entries were kept, for two more appends of this size (at most
+            # max_len): segments longer than `room` (evaluation) would move the kept entries at every append. A
+            # first append (a prompt, before decoding) gets `room` only.
+            room = self.room if kept is None else max(self.room, min(2 * count, self.max_len))
+            shape[self.dim] = kept_len + count + room
             buffer = new.new_empty(shape)
             if kept is not None:
                 buffer.narrow(self.dim, 0, kept_len).copy_(kept)
