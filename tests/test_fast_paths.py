@@ -365,8 +365,9 @@ def test_training_memory_holds_exactly_its_positions_and_no_view_of_the_inputs()
 
 def test_training_memory_keeps_a_segment_long_layer_input_without_a_copy():
     """A memory as long as the segment is the layers' inputs themselves (no copy) and gives the next segment the
-    loss a copied memory gives; a write into one afterwards is an error when the memory is read, not a changed
-    memory; the caller's inputs_embeds and a memory shorter than the segment are copied."""
+    loss a copied memory gives; handed to a caller, it is copied first, so writing into it changes the memory and not
+    what backward needs; a write into a kept layer input is an error when the memory is read, not a changed memory;
+    the caller's inputs_embeds and a memory shorter than the segment are copied."""
     model = tiny_lm(mem_len=4).train()
     ids = covering_ids(model.config.vocab_size, 2, 8)
     seen = []
@@ -374,13 +375,16 @@ def test_training_memory_keeps_a_segment_long_layer_input_without_a_copy():
     hooks = [layer.register_forward_pre_hook(lambda _, args: seen.append(args[0])) for layer in layers]
     shared = model(ids[:, :4], labels=ids[:, :4]).past_key_values
     for layer, layer_input in zip(shared.layers, seen):
-        assert layer.hidden.data_ptr() == layer_input.data_ptr()
+        assert layer._hidden.value.data_ptr() == layer_input.data_ptr()
     copied = model(ids[:, :4], labels=ids[:, :4], output_hidden_states=True).past_key_values
-    assert all(a.hidden.data_ptr() != b.hidden.data_ptr() for a, b in zip(shared.layers, copied.layers))
+    assert all(layer._hidden.shared_version is None for layer in copied.layers)
     seen.clear()
-    next_loss = model(ids[:, 4:], labels=ids[:, 4:], past_key_values=shared).loss
-    torch.testing.assert_close(next_loss, model(ids[:, 4:], labels=ids[:, 4:], past_key_values=copied).loss)
-    seen[1].add_(1.0)  # the second segment's layer-1 input, which the memory now keeps
+    output = model(ids[:, 4:], labels=ids[:, 4:], past_key_values=shared)
+    torch.testing.assert_close(output.loss, model(ids[:, 4:], labels=ids[:, 4:], past_key_values=copied).loss)
+    shared.get_memory(0).fill_(0.0)  # a caller resetting a memory before backward
+    output.loss.backward()  # the layer input autograd kept is untouched
+    assert shared.get_memory(0).abs().sum() == 0 and seen[0].abs().sum() > 0
+    seen[1].add_(1.0)  # the second segment's layer-1 input, which the memory keeps
     with pytest.raises(RuntimeError, match="modified in place"):
         _ = shared.layers[1].hidden
     for hook in hooks:
@@ -388,10 +392,10 @@ def test_training_memory_keeps_a_segment_long_layer_input_without_a_copy():
 
     embeds = model.transformer.word_embeddings(ids[:, :4]).detach().requires_grad_()  # dropout is off: layer 0 sees it
     memory = model(inputs_embeds=embeds, labels=ids[:, :4]).past_key_values
-    assert memory.layers[0].hidden.data_ptr() != embeds.data_ptr()
-    assert memory.layers[1].hidden.untyped_storage().nbytes() == embeds.numel() * 4  # exactly the layer-1 input
+    assert memory.layers[0]._hidden.value.data_ptr() != embeds.data_ptr()
+    assert memory.layers[1]._hidden.shared_version is not None
     memory = tiny_lm(mem_len=3).train()(ids[:, :4], labels=ids[:, :4]).past_key_values
-    assert all(layer.hidden.untyped_storage().nbytes() == layer.hidden.numel() * 4 for layer in memory.layers)
+    assert all(layer._hidden.shared_version is None for layer in memory.layers)
 
 
 @pytest.mark.parametrize("variant", ["adaptive_post_ln", "pre_ln_shared_r"])

@@ -50,6 +50,13 @@ class SlidingWindow:
             )
         return self.buffer.narrow(self.dim, self.start, self.end - self.start)
 
+    def unshare(self) -> None:
+        """Copy a tensor `extend` kept without a copy into a buffer of the window's own: before the window is handed
+        to a caller, who may write into it (autograd may still hold the shared tensor for backward)."""
+        if self.shared_version is not None:
+            kept = self.value
+            self.buffer, self.start, self.end, self.shared_version = kept.clone(), 0, kept.shape[self.dim], None
+
     def __len__(self) -> int:
         """How many entries are kept (without making a view: decoding asks once per layer per token)."""
         return self.end - self.start
@@ -157,7 +164,9 @@ class TxlMemoryLayer(CacheLayerMixin):
 
     @property
     def hidden(self) -> torch.Tensor | None:
-        """`[B, M, E]`, or None while the memory is empty."""
+        """`[B, M, E]`, or None while the memory is empty. The memory's own buffer: writing into it changes the
+        memory (a layer input kept without a copy is copied first, `SlidingWindow.unshare`)."""
+        self._hidden.unshare()
         return self._hidden.value
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
@@ -173,11 +182,12 @@ class TxlMemoryLayer(CacheLayerMixin):
         if self.mem_len > 0:
             hidden = hidden_states.detach() if hidden_states.requires_grad else hidden_states
             self._hidden.extend(hidden, private=private)
-        return self.hidden
+        return self._hidden.value
 
     def read(self, keep_projections: bool) -> LayerMemory:
-        """This layer's memory for the next segment (with its kept projections in inference)."""
-        return LayerMemory(self.hidden, self if keep_projections else None)
+        """This layer's memory for the next segment (with its kept projections in inference), for the model, which
+        only reads it."""
+        return LayerMemory(self._hidden.value, self if keep_projections else None)
 
     def has_projections(self, projection_version: tuple) -> bool:
         """Whether keys and values of every memory position are kept, made by weights `projection_version`."""
@@ -242,13 +252,13 @@ class TxlMemoryLayer(CacheLayerMixin):
         self._apply(lambda tensor: tensor.to("cpu", non_blocking=True))
 
     def prefetch(self) -> None:
-        hidden = self.hidden
+        hidden = self._hidden.value
         if hidden is not None and hidden.device != self.device:
             self._apply(lambda tensor: tensor.to(self.device, non_blocking=True))
 
     @property
     def batch_size(self) -> int:
-        hidden = self.hidden
+        hidden = self._hidden.value
         return -1 if hidden is None else hidden.shape[0]
 
 

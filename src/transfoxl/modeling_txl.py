@@ -870,7 +870,7 @@ class TxlModel(TxlPreTrainedModel):
             raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {self.config.n_layer}.")
         if memory.get_seq_length() > 0:
             # Layer 0 only: with a device map, later layers' memories live on their own layers' devices.
-            check_memory_fits(memory.get_memory(0), hidden_states, self.config.d_model)
+            check_memory_fits(memory.layers[0].read(False).hidden, hidden_states, self.config.d_model)
         elif self.config.memory_init == "zeros" and memory.mem_len > 0:
             # v4 behaviour: a new stream starts with mem_len zero vectors that the first segment attends to.
             zeros = hidden_states.new_zeros(batch, memory.mem_len, self.config.d_model)
