@@ -236,3 +236,12 @@ def test_quick_run_of_one_part(tmp_path: Path) -> None:
         "summary.md",
         "summary.png",
     ]
+
+
+def test_a_value_that_rounds_to_its_target_shows_one_more_digit() -> None:
+    """0.805x against <= 0.80x would read "0.80x ... no": the cell shows 0.805x; elsewhere two decimals."""
+    row = dict(value=0.8048, kind="ratio", target=0.8, at_least=False, holds=False)
+    assert benchmark.value_cell(row) == "0.805x"
+    assert benchmark.value_cell({**row, "value": 0.77, "holds": True}) == "0.77x"
+    assert benchmark.value_cell({**row, "kind": "percent", "value": 0.597, "target": 0.6}) == "59.7%"
+    assert benchmark.value_cell({**row, "target": None, "holds": None}) == "0.80x"

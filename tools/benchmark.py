@@ -269,14 +269,22 @@ def summary_rows(results: Mapping[str, Mapping[str, Any] | None]) -> list[dict[s
     return rows
 
 
-def show(value: float | None, kind: str) -> str:
+def show(value: float | None, kind: str, extra_digit: bool = False) -> str:
     if value is None:
         return "not run"
     if kind == "percent":
-        return f"{100 * value:.0f}%"
+        return f"{100 * value:.1f}%" if extra_digit else f"{100 * value:.0f}%"
     if kind == "rate":
         return f"{value:,.0f} tokens/s"
-    return f"{value:.2f}x"
+    return f"{value:.3f}x" if extra_digit else f"{value:.2f}x"
+
+
+def value_cell(row: Mapping[str, Any]) -> str:
+    """The measured value, with one more digit where the usual rounding reads as its target (0.805x as "0.80x")."""
+    text = show(row["value"], row["kind"])
+    if row["target"] is not None and row["value"] is not None and text == show(row["target"], row["kind"]):
+        return show(row["value"], row["kind"], extra_digit=True)
+    return text
 
 
 def target_cell(row: Mapping[str, Any]) -> str:
@@ -335,7 +343,7 @@ def markdown(rows: list[dict[str, Any]], sources: Mapping[str, Mapping[str, Any]
     ]
     for row in rows:
         lines.append(
-            f"| {row['label']} | {show(row['value'], row['kind'])} | {target_cell(row)} | {holds_cell(row)} | "
+            f"| {row['label']} | {value_cell(row)} | {target_cell(row)} | {holds_cell(row)} | "
             f"{row['part']}.json `{row['where']}` | {row['note'] or '-'} |"
         )
     measured = [row for row in rows if row["holds"] is not None]
@@ -385,7 +393,7 @@ def plot_png(rows: list[dict[str, Any]], title: str) -> bytes:
         if row["target"] is not None:
             axes.plot([row["target"]] * 2, [position - 0.4, position + 0.4], color="black", linewidth=2)
             end = max(end, row["target"])
-        axes.text(end * 1.04, position, show(row["value"], row["kind"]), va="center", fontsize=8)
+        axes.text(end * 1.04, position, value_cell(row), va="center", fontsize=8)
     axes.set_yticks(positions, [row["label"] for row in shown], fontsize=8)
     axes.set_xlim(low, high)
     ticks = [tick for tick in (0.25, 0.5, 1, 2, 4, 8, 16, 32) if low <= tick <= high]
