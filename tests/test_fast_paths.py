@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
 from transfoxl.kernels_txl import (
+    float_mask,
     one_query_attention,
     one_row_linear,
     relative_attention,
@@ -146,6 +147,33 @@ def test_attention_by_query_blocks_equals_the_whole_segment(q_len, mem_len, bloc
     output = relative_attention_by_query_blocks(*inputs, mask, scaling=0.3, block=block)
     assert output.shape == expected.shape
     torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+
+
+def test_float_mask_is_made_once_per_mask_and_follows_writes_dtypes_and_inference_tensors():
+    """The layers of a forward share one bool mask: its float form is made once and reused, made again after a
+    write into the mask or for another dtype, and made afresh for an inference tensor (no version to check)."""
+
+    def expected(mask, dtype):
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, torch.finfo(dtype).min)
+
+    mask = torch.ones(4, 7, dtype=torch.bool).triu_(4)  # 4 queries after 3 memory positions: j > 3 + i hidden
+    first = float_mask(mask, torch.float32)
+    torch.testing.assert_close(first, expected(mask, torch.float32), rtol=0, atol=0)
+    assert float_mask(mask, torch.float32) is first  # the second layer reuses it
+
+    mask[0, :] = True  # a write into the mask is seen
+    torch.testing.assert_close(float_mask(mask, torch.float32), expected(mask, torch.float32), rtol=0, atol=0)
+    half = float_mask(mask, torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and half.min() == torch.finfo(torch.bfloat16).min
+
+    with torch.inference_mode():
+        inference_mask = torch.ones(4, 7, dtype=torch.bool).triu_(4)
+        made = float_mask(inference_mask, torch.float32)
+        inference_mask[:, 0] = True  # inference tensors have no version: nothing may be kept for them
+        torch.testing.assert_close(
+            float_mask(inference_mask, torch.float32), expected(inference_mask, torch.float32), rtol=0, atol=0
+        )
+        assert not torch.equal(made, float_mask(inference_mask, torch.float32))
 
 
 def test_inference_takes_the_one_query_and_block_paths_and_matches_eager(monkeypatch):

@@ -75,6 +75,23 @@ def relative_attention_applies(
     return dropout == 0.0 and float32_cpu_training(query, key, value, rel_key)
 
 
+def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`mask` (bool, True = hidden) as the mask added to scores: 0 where visible, dtype's lowest value where hidden.
+
+    Every layer of a forward gets the same mask tensor: its float form is made once and kept on that tensor (an
+    attribute, so it lives as long as the mask), with the mask's version so that a write into the mask is seen.
+    Inference tensors have no version, and tracing has no attributes to keep: there, it is made afresh at every call.
+    """
+    trackable = not (mask.is_inference() or torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    kept = getattr(mask, "_float_mask", None) if trackable else None
+    if kept is not None and kept[0] == mask._version and kept[1].dtype == dtype:
+        return kept[1]
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, torch.finfo(dtype).min)
+    if trackable:
+        mask._float_mask = (mask._version, additive)
+    return additive
+
+
 class _RelativeAttentionFunction(torch.autograd.Function):
     """Batched as H B matrices, head-major, so that the positional product of each head is written in a layout whose
     shifted view is already `[H B, Q, K]`. Forward: one pass adds the mask to that view, the content product
@@ -166,9 +183,8 @@ def relative_attention(
     value = value.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
     additive_mask = None
     if mask is not None:  # [Q, K] or [B, 1, Q, K] -> [Q, K] or [B, Q, K], broadcast over the heads
-        mask = mask if mask.dim() == 2 else mask[:, 0]
-        additive_mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-        additive_mask.masked_fill_(mask, torch.finfo(query.dtype).min)
+        additive_mask = float_mask(mask, query.dtype)
+        additive_mask = additive_mask if additive_mask.dim() == 2 else additive_mask[:, 0]
     bias_shift = (position_bias - content_bias).detach()
     output = _RelativeAttentionFunction.apply(
         content_query, position_query, key, value, pad_relative_keys(rel_key), additive_mask, bias_shift, scaling
@@ -246,7 +262,7 @@ def relative_attention_by_query_blocks(
     # land only on the hidden entry j = M + i + 1 of each query: any row will do, the padding row for the last block.
     padded_rel_key = pad_relative_keys(rel_key.to(dtype))  # [H, K + 1, D]
     # Added, not selected with torch.where (several times faster on a CPU): [Q, K] or [B, 1, Q, K].
-    additive_mask = torch.zeros(mask.shape, dtype=dtype, device=key.device).masked_fill_(mask, torch.finfo(dtype).min)
+    additive_mask = float_mask(mask, dtype)
     output = value.new_empty(batch, q_len, heads, head_dim)  # the layout the output projection reads
     for start in range(0, q_len, block):
         end = min(q_len, start + block)
@@ -349,7 +365,8 @@ class _ReluDropout(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
-        return torch.mul(grad_output, _factor(output > 0)).mul_(ctx.scale), None
+        # ReLU's own backward (the gradient where the output is positive): one pass, no mask materialised
+        return torch.ops.aten.threshold_backward(grad_output, output, 0.0).mul_(ctx.scale), None
 
 
 def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
