@@ -201,6 +201,14 @@ def goals(decode: Mapping[str, Any] | None) -> list[Goal]:
             note="each training worker",
         ),
         Goal(
+            "mid training memory above the loaded model, transfoxl / transformers 4.37.2",
+            "speed",
+            "summary.ratio.train_memory_mb",
+            lambda data: dig(data, "summary", "ratio", "train_memory_mb"),
+            "ratio",
+            note="peak RSS minus RSS after import and model load (transformers 5 imports ~90 MB more than 4.37)",
+        ),
+        Goal(
             "wt103 training, tokens/s",
             "speed-wt103",
             "summary.transfoxl.train_tokens_per_s.median",
