@@ -82,7 +82,7 @@ def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     attribute, so it lives as long as the mask), with the mask's version so that a write into the mask is seen.
     Inference tensors have no version, and tracing has no attributes to keep: there, it is made afresh at every call.
     """
-    trackable = not (mask.is_inference() or torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    trackable = not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or mask.is_inference())
     kept = getattr(mask, "_float_mask", None) if trackable else None
     if kept is not None and kept[0] == mask._version and kept[1].dtype == dtype:
         return kept[1]
