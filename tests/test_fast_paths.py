@@ -492,6 +492,17 @@ def test_model_with_dropout_traces_as_one_graph(one_thread):
     assert all(torch.isfinite(grad).all() for grad in grads.values())
 
 
+def test_generate_through_a_forward_compiled_as_one_graph_gives_the_eager_tokens(one_thread):
+    """Decoding traces too: generate() through `torch.compile(model.forward, fullgraph=True)` (the prompt, then one
+    token at a time into the memory's buffers, written in place) picks the eager model's tokens."""
+    ids = covering_ids(97, batch=2, length=9)
+    model = tiny_lm(mem_len=16).eval()
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(model.generate(ids, max_new_tokens=6, do_sample=False), expected, rtol=0, atol=0)
+
+
 def test_compiled_model_still_refuses_bad_token_ids(one_thread):
     model = tiny_lm()
     torch._dynamo.reset()

@@ -80,7 +80,7 @@ class SlidingWindow:
             or torch.is_grad_enabled()
             or buffer.dtype != new.dtype
             or self.end + count > buffer.shape[self.dim]
-            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
+            or (not torch.compiler.is_compiling() and buffer.is_inference() and not torch.is_inference_mode_enabled())
         ):
             kept = self.value
             kept_len = 0 if kept is None else kept.shape[self.dim]
