@@ -3,6 +3,8 @@ the static-shape loss used under torch.compile, and the compiled model itself.""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -165,6 +167,11 @@ def test_float_mask_is_made_once_per_mask_and_follows_writes_dtypes_and_inferenc
     torch.testing.assert_close(float_mask(mask, torch.float32), expected(mask, torch.float32), rtol=0, atol=0)
     half = float_mask(mask, torch.bfloat16)
     assert half.dtype == torch.bfloat16 and half.min() == torch.finfo(torch.bfloat16).min
+
+    float_mask(mask, torch.float32)
+    copied = copy.deepcopy(mask)  # carries the attribute into a new storage, whose version starts again
+    copied[3, :] = True  # one write: the copy's version now equals the one kept with the original's float form
+    torch.testing.assert_close(float_mask(copied, torch.float32), expected(copied, torch.float32), rtol=0, atol=0)
 
     with torch.inference_mode():
         inference_mask = torch.ones(4, 7, dtype=torch.bool).triu_(4)
@@ -501,6 +508,29 @@ def test_generate_through_a_forward_compiled_as_one_graph_gives_the_eager_tokens
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(model.generate(ids, max_new_tokens=6, do_sample=False), expected, rtol=0, atol=0)
+
+
+def test_compiled_decoding_continues_a_memory_made_under_inference_mode(one_thread):
+    """A prompt read under `torch.inference_mode()` leaves inference tensors in the memory, which torch forbids writing
+    into outside that mode; eager decoding then moves to a new buffer, and so does a traced forward (it cannot ask a
+    tensor whether it is one): decoding on under no_grad through the compiled forward gives the eager logits."""
+    ids = covering_ids(97, batch=2, length=9)
+    model = tiny_lm(mem_len=16).eval()
+
+    def prompt_then_two_tokens(forward):
+        with torch.inference_mode():
+            output = model(ids, use_cache=True)
+        logits = []
+        with torch.no_grad():
+            for _ in range(2):
+                output = forward(output.logits[:, -1:].argmax(-1), past_key_values=output.past_key_values)
+                logits.append(output.logits)
+        return torch.cat(logits, dim=1)
+
+    expected = prompt_then_two_tokens(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(prompt_then_two_tokens(compiled), expected, rtol=0, atol=1e-5)
 
 
 def test_compiled_model_still_refuses_bad_token_ids(one_thread):

@@ -79,16 +79,23 @@ def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`mask` (bool, True = hidden) as the mask added to scores: 0 where visible, dtype's lowest value where hidden.
 
     Every layer of a forward gets the same mask tensor: its float form is made once and kept on that tensor (an
-    attribute, so it lives as long as the mask), with the mask's version so that a write into the mask is seen.
-    Inference tensors have no version, and tracing has no attributes to keep: there, it is made afresh at every call.
+    attribute, so it lives as long as the mask), with the mask's version and storage, so that a write torch sees
+    (in place, through a view, `.data =`) or a copy of the tensor makes it anew. Under `torch.inference_mode()` (no
+    versions) and while tracing (no attributes) it is made afresh at every call.
     """
-    trackable = not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or mask.is_inference())
+    trackable = not (
+        torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or torch.is_inference_mode_enabled()
+        or mask.is_inference()
+    )
+    key = (mask._version, mask.data_ptr(), dtype) if trackable else None
     kept = getattr(mask, "_float_mask", None) if trackable else None
-    if kept is not None and kept[0] == mask._version and kept[1].dtype == dtype:
+    if kept is not None and kept[0] == key:
         return kept[1]
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, torch.finfo(dtype).min)
     if trackable:
-        mask._float_mask = (mask._version, additive)
+        mask._float_mask = (key, additive)
     return additive
 
 

@@ -74,13 +74,15 @@ class SlidingWindow:
         buffer = self.buffer
         # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
         # forbids writing into it: use a new buffer then. Inference writes in place, except into a buffer made under
-        # torch.inference_mode() when that mode is off (torch forbids it).
+        # torch.inference_mode() when that mode is off (torch forbids it), and while tracing (torch.compile), which
+        # can ask neither the buffer nor the mode.
         if (
             buffer is None
             or torch.is_grad_enabled()
             or buffer.dtype != new.dtype
             or self.end + count > buffer.shape[self.dim]
-            or (not torch.compiler.is_compiling() and buffer.is_inference() and not torch.is_inference_mode_enabled())
+            or torch.compiler.is_compiling()
+            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
         ):
             kept = self.value
             kept_len = 0 if kept is None else kept.shape[self.dim]
