@@ -3,6 +3,8 @@ input to generate(), each case a row of docs/reliability-table.md (`@pytest.mark
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -67,6 +69,36 @@ def test_cached_projections_are_dropped_when_the_weights_change():
         after_change = model(ids(1, 2, seed=1), past_key_values=with_projections).logits
     reference = model(ids(1, 2, seed=1), past_key_values=hidden_only).logits.detach()
     torch.testing.assert_close(after_change, reference, rtol=0, atol=1e-5)
+
+
+def test_kept_results_are_dropped_by_training_with_a_fused_optimizer():
+    """torch's fused AdamW (Trainer's "adamw_torch_fused") updates parameters in place without bumping their version,
+    so results kept from the weights (the projected position table, a memory's projected keys and values) cannot be
+    keyed on versions alone: a training step's forward drops them, and inference after the step gives what the
+    trained weights give (the model stays in eval mode throughout: the forward alone must do it)."""
+    model = tiny_lm(mem_len=8).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    with torch.no_grad():
+        kept = model(ids(1, 6)).past_key_values  # keeps projections; the position table is projected and kept
+    hidden_only = copy.deepcopy(kept)
+    for layer in hidden_only.layers:
+        layer.drop_projections()
+    versions = [parameter._version for parameter in model.parameters()]
+    model(ids(2, 6, seed=2), labels=ids(2, 6, seed=2)).loss.backward()
+    optimizer.step()
+    assert [parameter._version for parameter in model.parameters()] == versions  # what makes versions not enough
+    with torch.no_grad():
+        after_step = model(ids(1, 2, seed=1), past_key_values=kept).logits
+    reference = model(ids(1, 2, seed=1), past_key_values=hidden_only).logits.detach()  # gradients on: nothing kept
+    torch.testing.assert_close(after_step, reference, rtol=0, atol=1e-5)
+
+    # A traced (torch.compile) training forward does not count; the switch to training mode drops them too.
+    with torch.no_grad():
+        model(ids(1, 3))
+    attention = model.transformer.layers[0].attention
+    assert attention._position_table is not None
+    model.train()
+    assert attention._position_table is None
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -4,6 +4,8 @@ of 1; gradient accumulation gives those of the whole batch; bad options fail wit
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 import math
 import os
@@ -21,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
 from tests.test_convert_script import small_vocab_pickle
-from tests.utils import reset_accelerate
+from tests.utils import reset_accelerate, tiny_lm
 from transfoxl import training
 from transfoxl.cli import convert as convert_cli
 from transfoxl.cli import train as train_cli
@@ -239,6 +241,38 @@ def test_bad_options_name_the_option(options, message, tmp_path, capsys):
         train_cli.parse_args(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), *options])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_optimizer_is_fused_adamw_decaying_matrices_only_with_the_default_implementations_steps():
+    """torch's fused AdamW (several times faster on a CPU): weight decay on matrices only, and three steps give the
+    parameters the default implementation gives (the same arithmetic, summed in another order)."""
+    args = argparse.Namespace(lr=1e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.99, adam_eps=1e-8)
+    model = tiny_lm()
+    reference_model = copy.deepcopy(model)
+    optimizer = training.build_optimizer(model, args)
+    assert optimizer.defaults["fused"] is True
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    reference = torch.optim.AdamW(
+        [
+            {"params": [p for p in reference_model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in reference_model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+        betas=(0.9, 0.99),
+        eps=1e-8,
+    )
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for parameter, reference_parameter in zip(model.parameters(), reference_model.parameters()):
+            parameter.grad = torch.randn(parameter.shape, generator=generator)
+            reference_parameter.grad = parameter.grad.clone()
+        optimizer.step()
+        reference.step()
+    for parameter, reference_parameter in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(parameter, reference_parameter, rtol=1e-5, atol=1e-6)
 
 
 def test_too_short_or_empty_data_is_refused_before_training(text_files, tmp_path):

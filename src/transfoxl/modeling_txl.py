@@ -295,6 +295,10 @@ class TxlRelativeAttention(nn.Module):
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
         self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
+        # Results kept across inference calls are keyed on the weights' storage and version, and on this count of
+        # training phases: torch's fused optimizers (AdamW(fused=True), Trainer's "adamw_torch_fused") update
+        # parameters in place without bumping their version, so a training forward or a mode switch starts anew.
+        self._training_phases = 0
 
     # Long segments in inference on a CPU attend up to `query_block` queries at a time (`kernels_txl`'s
     # `relative_attention_by_query_blocks`), fewer where a block's `[B, H, rows, K]` scores would pass `block_bytes`:
@@ -331,12 +335,24 @@ class TxlRelativeAttention(nn.Module):
         weights = [self.qkv_proj.weight]
         if self.pre_lnorm:
             weights += [self.layer_norm.weight, self.layer_norm.bias]
-        return tuple((weight.data_ptr(), weight._version) for weight in weights)
+        return (*((weight.data_ptr(), weight._version) for weight in weights), self._training_phases)
+
+    def _forget_inference_results(self) -> None:
+        """Drop what inference kept from the weights (they may change now without a new version, see __init__)."""
+        self._position_table = None
+        self._training_phases += 1
+
+    def train(self, mode: bool = True) -> TxlRelativeAttention:
+        if mode:  # (inference keeps results in eval mode only: switching back to it needs nothing)
+            self._forget_inference_results()
+        return super().train(mode)
 
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
         k_len = positions.shape[0]
         if self.training or torch.is_grad_enabled() or not _inference_caches_apply(self.pos_proj):
+            if (self.training or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
+                self._forget_inference_results()  # (a traced graph would guard on the count: the mode switch does it)
             return self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
         # Inference: `positions` is the last K rows of the model's table; its projection depends only on the weights,
         # so the whole table is projected once and kept, instead of all K distances again for every decoded token.
