@@ -72,7 +72,7 @@ def test_cached_projections_are_dropped_when_the_weights_change():
 
 
 def test_kept_results_are_dropped_by_training_with_a_fused_optimizer():
-    """torch's fused AdamW (Trainer's "adamw_torch_fused") updates parameters in place without bumping their version,
+    """torch's fused AdamW (train.py's optimizer) updates parameters in place without bumping their version,
     so results kept from the weights (the projected position table, a memory's projected keys and values) cannot be
     keyed on versions alone: a training step's forward drops them, and inference after the step gives what the
     trained weights give (the model stays in eval mode throughout: the forward alone must do it)."""

@@ -296,8 +296,8 @@ class TxlRelativeAttention(nn.Module):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
         self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
         # Results kept across inference calls are keyed on the weights' storage and version, and on this count of
-        # training phases: torch's fused optimizers (AdamW(fused=True), Trainer's "adamw_torch_fused") update
-        # parameters in place without bumping their version, so a training forward or a mode switch starts anew.
+        # training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py builds it) update
+        # parameters in place without bumping their version, so a training forward or `train()` starts anew.
         self._training_phases = 0
 
     # Long segments in inference on a CPU attend up to `query_block` queries at a time (`kernels_txl`'s
@@ -350,9 +350,10 @@ class TxlRelativeAttention(nn.Module):
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
         k_len = positions.shape[0]
-        if self.training or torch.is_grad_enabled() or not _inference_caches_apply(self.pos_proj):
-            if (self.training or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
-                self._forget_inference_results()  # (a traced graph would guard on the count: the mode switch does it)
+        training = self.training or torch.is_grad_enabled()
+        if training and not torch.compiler.is_compiling():  # (a traced graph would guard on the count: train() does)
+            self._forget_inference_results()
+        if training or not _inference_caches_apply(self.pos_proj):
             return self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
         # Inference: `positions` is the last K rows of the model's table; its projection depends only on the weights,
         # so the whole table is projected once and kept, instead of all K distances again for every decoded token.
