@@ -501,7 +501,7 @@ def test_model_with_dropout_traces_as_one_graph(one_thread):
 
 def test_generate_through_a_forward_compiled_as_one_graph_gives_the_eager_tokens(one_thread):
     """Decoding traces too: generate() through `torch.compile(model.forward, fullgraph=True)` (the prompt, then one
-    token at a time into the memory's buffers, written in place) picks the eager model's tokens."""
+    token at a time, the memory moved to a new buffer at each) picks the eager model's tokens."""
     ids = covering_ids(97, batch=2, length=9)
     model = tiny_lm(mem_len=16).eval()
     expected = model.generate(ids, max_new_tokens=6, do_sample=False)
