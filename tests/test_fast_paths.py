@@ -109,15 +109,22 @@ def _mask(kind, batch, q_len, mem_len, max_mem_len):
     return mask
 
 
-@pytest.mark.parametrize(("mem_len", "mask_kind"), [(0, "none"), (9, "none"), (9, "padding"), (12, "same_length")])
-def test_one_query_attention_equals_eager_attention(mem_len, mask_kind):
+@pytest.mark.parametrize(
+    ("batch", "mem_len", "mask_kind"),
+    [(3, 0, "none"), (3, 9, "none"), (3, 9, "padding"), (3, 12, "same_length"), (1, 9, "none"), (1, 12, "same_length")],
+)
+def test_one_query_attention_equals_eager_attention(batch, mem_len, mask_kind):
     """Decoding's path (one query, the positional product per head, no SDPA) gives eager's output, also with the
-    padding and same_length masks a decoded token may carry; gradients too (it is plain autograd)."""
-    batch, heads = 3, 4
+    padding and same_length masks a decoded token may carry, at batch 1 (the position scores taken as they come)
+    and above (laid out batch-major); gradients too (plain autograd), and without them (softmax in place)."""
+    heads = 4
     inputs = _attention_inputs(batch, heads, 1, mem_len)
+    mask = _mask(mask_kind, batch, 1, mem_len, max_mem_len=8)
+    with torch.no_grad():
+        expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
+        torch.testing.assert_close(one_query_attention(*inputs, mask, scaling=0.3), expected, rtol=0, atol=1e-5)
     for tensor in inputs:
         tensor.requires_grad_()
-    mask = _mask(mask_kind, batch, 1, mem_len, max_mem_len=8)
     expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
     output = one_query_attention(*inputs, mask, scaling=0.3)
     torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
@@ -659,25 +666,37 @@ def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkey
         torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
 
 
-def test_linear_layers_keep_their_module_call_for_hooks():
-    """Outside one-row inference every linear layer is called as a module: its backward hooks and global module
-    hooks see it in training, and a forward hook's captured output is not rectified in place in inference."""
-    model = tiny_lm().train()
+def test_linear_and_norm_layers_keep_their_module_call_for_hooks():
+    """Bare linear and layer-norm layers are computed without their module call (it only costs time), but a hooked
+    one is called as a module: its backward hooks and global module hooks see it in training, forward hooks see it
+    in decoding, and a forward hook's captured output is not rectified in place in inference."""
+    model = tiny_lm(mem_len=8).train()
     layer = model.transformer.layers[0]
     backward_calls, global_calls, captured = [], [], []
-    for module in (layer.ffn.up_proj, layer.attention.o_proj):
+    for module in (layer.ffn.up_proj, layer.attention.o_proj, layer.ffn.layer_norm):
         module.register_full_backward_hook(lambda module, grad_in, grad_out: backward_calls.append(module))
+    kinds = (torch.nn.Linear, torch.nn.LayerNorm)
     handle = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, output: global_calls.append(module) if isinstance(module, torch.nn.Linear) else None
+        lambda module, args, output: global_calls.append(module) if isinstance(module, kinds) else None
     )
     try:
         ids = covering_ids(97, batch=2, length=6)
         model(ids, labels=ids).loss.backward()
     finally:
         handle.remove()
-    assert len(backward_calls) == 2
-    linears = [module for module in model.modules() if type(module) is torch.nn.Linear]
-    assert {id(module) for module in global_calls} == {id(module) for module in linears}
+    assert len(backward_calls) == 3
+    hookable = [module for module in model.modules() if type(module) in kinds]
+    assert {id(module) for module in global_calls} == {id(module) for module in hookable}
+
+    model.eval()  # decoding a token at batch 1: the one-row products
+    forward_calls = []
+    for module in (layer.attention.qkv_proj, layer.attention.layer_norm, layer.ffn.down_proj):
+        module.register_forward_hook(lambda module, args, output: forward_calls.append(module))
+    with torch.no_grad():
+        memory = model(ids[:1, :5], use_cache=True).past_key_values
+        forward_calls.clear()
+        model(ids[:1, 5:], past_key_values=memory, use_cache=True)
+    assert len(forward_calls) == 3
 
     model.eval()
     layer.ffn.up_proj.register_forward_hook(lambda module, args, output: captured.append((output, output.clone())))

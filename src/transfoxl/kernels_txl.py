@@ -220,18 +220,26 @@ def one_query_attention(
     One query needs no shift (its scores are already indexed by key position). The positional product is one matrix
     product per head, `[H, B, D] x [H, D, K]`, because W_{k,R} R is shared by the batch: a `[B, H, 1, D] @ [H, D, K]`
     broadcast would copy rel_key once per sequence. A float bias would also send SDPA to its masked kernel; here the
-    two score terms are added in a `[B, H, 1, K]` tensor, which is small.
+    content product is accumulated into the position scores, scaled in the same call. A decoded token's cost at batch
+    1 is mostly per-call overhead (a few microseconds each), so this takes six calls that compute.
     """
-    query = query.squeeze(2)  # [B, H, D]
-    position_query = ((query + position_bias) * scaling).transpose(0, 1)  # [H, B, D]
-    position_scores = torch.bmm(position_query, rel_key.transpose(1, 2))  # [H, B, K]
-    content_query = ((query + content_bias) * scaling).unsqueeze(2)  # [B, H, 1, D]
-    scores = torch.matmul(content_query, key.transpose(-1, -2))  # [B, H, 1, K]
-    scores.add_(position_scores.transpose(0, 1).unsqueeze(2))
-    if mask is not None:
-        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    return torch.matmul(probs, value)  # [B, H, 1, D]
+    batch, heads, _, head_dim = query.shape
+    k_len = key.shape[2]
+    query = query.reshape(batch, heads, head_dim)
+    position_scores = torch.bmm((query + position_bias).transpose(0, 1), rel_key.transpose(1, 2))  # [H, B, K]
+    position_scores = position_scores.transpose(0, 1).reshape(batch * heads, 1, k_len)  # a copy only when B > 1
+    content_query = (query + content_bias).view(batch * heads, 1, head_dim)
+    # The memory's keys and values are [B, H, K, D] views of one buffer each: [B H, K, D] views too.
+    key = key.reshape(batch * heads, k_len, head_dim)
+    scores = torch.baddbmm(position_scores, content_query, key.transpose(1, 2), beta=scaling, alpha=scaling)
+    if mask is not None:  # [1, K] or [B, 1, 1, K]
+        scores.view(batch, heads, 1, k_len).masked_fill_(mask, torch.finfo(scores.dtype).min)
+    if scores.dtype == torch.float32 and not scores.requires_grad:  # in place
+        probs = torch._softmax(scores, -1, False, out=scores)
+    else:  # (autocast: in float32, as eager attention)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    output = torch.bmm(probs, value.reshape(batch * heads, k_len, head_dim))  # [B H, 1, D]
+    return output.view(batch, heads, 1, head_dim)
 
 
 def relative_attention_by_query_blocks(

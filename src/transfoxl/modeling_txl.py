@@ -233,19 +233,26 @@ def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(inputs, weight, bias)
 
 
-def _is_bare_linear(module: nn.Module) -> bool:
-    """Whether `module` is an `nn.Linear` itself: not wrapped by an adapter, hooked (its own hooks or global module
-    hooks) or replaced, so that its weight and bias say what it computes and nothing watches its call."""
+def _is_bare(module: nn.Module, kind: type[nn.Module]) -> bool:
+    """Whether `module` is a `kind` itself (`nn.Linear`, `nn.LayerNorm`): not wrapped by an adapter, hooked (its own
+    hooks or global module hooks) or replaced, so that its parameters say what it computes and nothing watches its
+    call."""
     return (
-        type(module) is nn.Linear
+        type(module) is kind
         and not module._forward_hooks
         and not module._forward_pre_hooks
         and not module._backward_hooks
         and not module._backward_pre_hooks
         and not nn.modules.module._global_forward_hooks
         and not nn.modules.module._global_forward_pre_hooks
+        and not nn.modules.module._global_backward_hooks
+        and not nn.modules.module._global_backward_pre_hooks
         and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
     )
+
+
+def _is_bare_linear(module: nn.Module) -> bool:
+    return _is_bare(module, nn.Linear)
 
 
 def _is_plain_linear(module: nn.Module) -> bool:
@@ -255,10 +262,18 @@ def _is_plain_linear(module: nn.Module) -> bool:
 
 
 def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """`module(inputs)` for a linear layer; one row in CPU inference through a bare `nn.Linear` by `one_row_linear`
-    (adapters, hooks and everything else keep the module call)."""
-    if _is_bare_linear(module) and _one_row_inference(inputs, module.weight):
-        return one_row_linear(inputs, module.weight, module.bias)
+    """`module(inputs)` for a linear layer. A bare `nn.Linear` is computed by `_linear` without the module call, whose
+    machinery costs a few microseconds that count when decoding a token; adapters, hooks and everything else keep
+    the module call."""
+    if _is_bare_linear(module):
+        return _linear(inputs, module.weight, module.bias)
+    return module(inputs)
+
+
+def _layer_norm(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """`module(inputs)` for a layer norm; a bare `nn.LayerNorm` without the module call (as `_project`)."""
+    if _is_bare(module, nn.LayerNorm):
+        return F.layer_norm(inputs, module.normalized_shape, module.weight, module.bias, module.eps)
     return module(inputs)
 
 
@@ -397,7 +412,7 @@ class TxlRelativeAttention(nn.Module):
         else:  # the memory's keys and values are kept: only the segment needs projecting
             context = hidden_states  # [B, Q, E]
         if self.pre_lnorm:
-            context = self.layer_norm(context)
+            context = _layer_norm(self.layer_norm, context)
 
         inner = self.n_head * self.d_head
         if context.shape[1] > q_len and _is_plain_linear(self.qkv_proj):
@@ -443,7 +458,7 @@ class TxlRelativeAttention(nn.Module):
         attn_output = _dropout(self.dropout, _project(self.o_proj, attn_output))  # [B, Q, E]
         if self.pre_lnorm:
             return hidden_states + attn_output, attn_weights
-        return self.layer_norm(hidden_states + attn_output), attn_weights
+        return _layer_norm(self.layer_norm, hidden_states + attn_output), attn_weights
 
 
 class TxlDropout(nn.Dropout):
@@ -466,7 +481,7 @@ class TxlFeedForward(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[B, Q, E]` -> `[B, Q, E]`."""
-        inputs = self.layer_norm(hidden_states) if self.pre_lnorm else hidden_states
+        inputs = _layer_norm(self.layer_norm, hidden_states) if self.pre_lnorm else hidden_states
         inner = _project(self.up_proj, inputs)  # [B, Q, d_inner]
         if torch.is_grad_enabled() or (self.training and self.dropout.p > 0) or not _is_bare_linear(self.up_proj):
             inner = relu_dropout(inner, self.dropout.p, self.training)
@@ -475,7 +490,7 @@ class TxlFeedForward(nn.Module):
         output = _dropout(self.dropout, _project(self.down_proj, inner))
         if self.pre_lnorm:
             return hidden_states + output
-        return self.layer_norm(hidden_states + output)
+        return _layer_norm(self.layer_norm, hidden_states + output)
 
 
 class TxlLayer(GradientCheckpointingLayer):
