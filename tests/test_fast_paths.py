@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
+from tools.configs import model_config
+from transfoxl import TxlConfig, TxlForCausalLM
 from transfoxl.kernels_txl import (
     float_mask,
     one_query_attention,
@@ -111,7 +113,14 @@ def _mask(kind, batch, q_len, mem_len, max_mem_len):
 
 @pytest.mark.parametrize(
     ("batch", "mem_len", "mask_kind"),
-    [(3, 0, "none"), (3, 9, "none"), (3, 9, "padding"), (3, 12, "same_length"), (1, 9, "none"), (1, 12, "same_length")],
+    [
+        (3, 0, "none"),
+        (3, 9, "none"),
+        (3, 9, "padding"),
+        (3, 12, "same_length"),
+        (1, 9, "none"),
+        (1, 12, "same_length"),
+    ],
 )
 def test_one_query_attention_equals_eager_attention(batch, mem_len, mask_kind):
     """Decoding's path (one query, the positional product per head, no SDPA) gives eager's output, also with the
@@ -704,3 +713,34 @@ def test_linear_and_norm_layers_keep_their_module_call_for_hooks():
         model(ids)
     kept, copy = captured[-1]
     assert torch.equal(kept, copy) and (copy < 0).any()  # the hook's tensor still holds negative pre-activations
+
+
+@pytest.mark.parametrize("config_name", ["tiny", "tiny_wt103"])
+def test_adaptive_embedding_by_cluster_equals_the_masked_path(config_name):
+    """On a CPU each token goes through its own cluster only (one token: found on the host); the values and the
+    parameters' gradients are those of the masked path, which computes every cluster for every token, and ids
+    outside the vocabulary are an IndexError naming them."""
+    model = TxlForCausalLM(TxlConfig(**model_config(config_name)))
+    embedding = model.transformer.word_embeddings
+    vocab = model.config.vocab_size
+    torch.manual_seed(0)
+    cases = [torch.randint(0, vocab, (3, 7)), torch.tensor([[5, 6, 7]])]  # every cluster, then the first only
+    cases += [torch.tensor([[low]]) for low in embedding.bounds[:-1]] + [torch.tensor([[vocab - 1]])]
+    for ids in cases:
+        grads = []
+        for path in (embedding._embed_by_cluster, embedding._embed_masked):
+            embedding.zero_grad(set_to_none=True)
+            output = path(ids)
+            (output * torch.arange(output.numel()).view_as(output).sin()).sum().backward()
+            grads.append((output, [parameter.grad for parameter in embedding.parameters()]))
+        (fast, fast_grads), (expected, expected_grads) = grads
+        torch.testing.assert_close(fast, expected, rtol=0, atol=1e-6)
+        for grad, expected_grad in zip(fast_grads, expected_grads):
+            if expected_grad is None or not expected_grad.any():
+                assert grad is None or not grad.any()
+            else:
+                torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(embedding(cases[0]), embedding._embed_masked(cases[0]) * embedding.scale)
+    for bad in (torch.tensor([[vocab]]), torch.tensor([[-1]]), torch.tensor([[1, vocab + 3]])):
+        with pytest.raises(IndexError, match=f"outside the vocabulary \\[0, {vocab}\\)"):
+            embedding(bad)

@@ -30,6 +30,7 @@ copies them all into a model folder for `trust_remote_code=True`. docs/architect
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -552,8 +553,18 @@ class TxlAdaptiveEmbedding(nn.Module):
             if len(self.projections) > 0:
                 embeddings = F.linear(embeddings, self.projections[0])  # [B, Q, E]
             return embeddings * self.scale
-        # Every cluster embeds every token (ids outside it clamped to a valid row) and a mask keeps its own: a little
-        # extra arithmetic instead of a host synchronisation to find each cluster's tokens.
+        if (
+            input_ids.device.type == "cpu"
+            and input_ids.numel() > 0
+            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        ):
+            return self._embed_by_cluster(input_ids) * self.scale
+        return self._embed_masked(input_ids) * self.scale
+
+    def _embed_masked(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Unscaled embeddings `[B, Q, E]`: every cluster embeds every token (ids outside it clamped to a valid row)
+        and a mask keeps its own, a little extra arithmetic instead of a host synchronisation to find each cluster's
+        tokens (accelerators, tracing)."""
         embeddings = None
         for cluster, (table, projection) in enumerate(zip(self.embeddings, self.projections)):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
@@ -563,7 +574,36 @@ class TxlAdaptiveEmbedding(nn.Module):
                 embeddings = cluster_embeddings * in_cluster
             else:
                 embeddings = torch.where(in_cluster, cluster_embeddings, embeddings)
-        return embeddings * self.scale
+        return embeddings
+
+    def _embed_by_cluster(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Unscaled embeddings `[B, Q, E]`, each token through its own cluster only: on a CPU, finding a cluster's
+        tokens costs no synchronisation, and the other clusters are neither computed nor read (a decoded token reads
+        one table row and one projection, instead of every projection). The same values as the masked path."""
+        flat = input_ids.reshape(-1)
+        if flat.shape[0] == 1:  # one token (decoding at batch 1): its cluster, found on the host
+            token = int(flat[0])
+            cluster = bisect.bisect_right(self.bounds, token) - 1
+            if not 0 <= cluster < len(self.embeddings):
+                raise IndexError(f"Token id {token} is outside the vocabulary [0, {self.bounds[-1]}).")
+            low = self.bounds[cluster]
+            return F.linear(self.embeddings[cluster](input_ids - low), self.projections[cluster])
+        embeddings, embedded = None, 0
+        for cluster, (table, projection) in enumerate(zip(self.embeddings, self.projections)):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            rows = ((flat >= low) & (flat < high)).nonzero().squeeze(1)  # positions of this cluster's tokens
+            if rows.shape[0] == 0:
+                continue
+            cluster_embeddings = F.linear(table(flat.index_select(0, rows) - low), projection)  # [n, E]
+            if embeddings is None:
+                embeddings = cluster_embeddings.new_zeros(flat.shape[0], self.d_model)
+            embeddings.index_copy_(0, rows, cluster_embeddings)
+            embedded += rows.shape[0]
+        if embedded != flat.shape[0]:
+            raise IndexError(
+                f"Token ids outside the vocabulary [0, {self.bounds[-1]}): {int(flat.min())} to {int(flat.max())}."
+            )
+        return embeddings.view(*input_ids.shape, self.d_model)
 
 
 class TxlOutputLayer(nn.Module):
