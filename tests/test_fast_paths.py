@@ -617,12 +617,13 @@ def test_autocast_inference_takes_the_block_and_one_query_paths(dtype, monkeypat
 
 @pytest.mark.parametrize(("out_features", "bias"), [(12, True), (12, False), (7, True)])
 def test_one_row_linear_equals_f_linear(out_features, bias):
-    """Decoding's product (the weight's halves by the row as a column, batched) is F.linear; odd or transposed
-    weights fall back to it."""
+    """Decoding's product (the weight's halves by the row as a column, batched) is F.linear, for rows at an offset
+    or with a stride too; odd or transposed weights fall back to it."""
     torch.manual_seed(out_features)
     weight = torch.randn(out_features, 9)
     bias_tensor = torch.randn(out_features) if bias else None
-    for inputs in (torch.randn(1, 1, 9), torch.randn(1, 9), torch.randn(9)):
+    rows = torch.randn(3, 9)  # a row at an offset in its storage, and one with a stride: views the model may pass
+    for inputs in (torch.randn(1, 1, 9), torch.randn(1, 9), torch.randn(9), rows[1:2], torch.randn(9, 3)[:, 1]):
         expected = F.linear(inputs, weight, bias_tensor)
         output = one_row_linear(inputs, weight, bias_tensor)
         assert output.shape == expected.shape

@@ -208,7 +208,9 @@ class TxlMemoryLayer(CacheLayerMixin):
 
     def append_projections(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append a segment's keys and values `[B, H, Q, D]`; return memory's and segment's, `[B, H, M + Q, D]`."""
-        return self._keys.append(keys.detach()), self._values.append(values.detach())
+        if keys.requires_grad or values.requires_grad:  # (inference needs no detached views)
+            keys, values = keys.detach(), values.detach()
+        return self._keys.append(keys), self._values.append(values)
 
     def drop_projections(self) -> None:
         self._keys.replace(None)
