@@ -676,72 +676,154 @@ def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkey
         torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
 
 
-def test_linear_and_norm_layers_keep_their_module_call_for_hooks():
-    """Bare linear and layer-norm layers are computed without their module call (it only costs time), but a hooked
-    one is called as a module: its backward hooks and global module hooks see it in training, forward hooks see it
-    in decoding, and a forward hook's captured output is not rectified in place in inference."""
-    model = tiny_lm(mem_len=8).train()
-    layer = model.transformer.layers[0]
-    backward_calls, global_calls, captured = [], [], []
-    for module in (layer.ffn.up_proj, layer.attention.o_proj, layer.ffn.layer_norm):
-        module.register_full_backward_hook(lambda module, grad_in, grad_out: backward_calls.append(module))
-    kinds = (torch.nn.Linear, torch.nn.LayerNorm)
-    handle = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, output: global_calls.append(module) if isinstance(module, kinds) else None
-    )
+def _watch(kind, module, calls):
+    """Make `module` watched by a hook of `kind` (or replaced) that appends to `calls`; returns an undo function."""
+    record = lambda *args, **kwargs: calls.append(module)  # noqa: E731  (hooks of every signature)
+    global_hooks = torch.nn.modules.module
+    if kind == "forward":
+        return module.register_forward_hook(record).remove
+    if kind == "forward_pre":
+        return module.register_forward_pre_hook(record).remove
+    if kind == "backward":
+        return module.register_full_backward_hook(record).remove
+    if kind == "backward_pre":
+        return module.register_full_backward_pre_hook(record).remove
+    if kind == "global_forward":
+        return global_hooks.register_module_forward_hook(lambda m, *a: record() if m is module else None).remove
+    if kind == "global_forward_pre":
+        return global_hooks.register_module_forward_pre_hook(lambda m, *a: record() if m is module else None).remove
+    if kind == "global_backward":
+        hook = lambda m, *a: record() if m is module else None  # noqa: E731
+        return global_hooks.register_module_full_backward_hook(hook).remove
+    if kind == "global_backward_pre":
+        hook = lambda m, *a: record() if m is module else None  # noqa: E731
+        return global_hooks.register_module_full_backward_pre_hook(hook).remove
+    if kind == "instance_forward":  # as accelerate's offloading hooks do
+        original = module.forward
+        module.forward = lambda *args: (record(), original(*args))[1]
+        return lambda: module.__dict__.pop("forward")
+    if kind == "class_forward":
+        original = type(module).forward
+        type(module).forward = lambda self, *args: (record() if self is module else None, original(self, *args))[1]
+        return lambda: setattr(type(module), "forward", original)
+    raise ValueError(kind)
+
+
+HOOK_KINDS = [
+    "forward",
+    "forward_pre",
+    "backward",
+    "backward_pre",
+    "global_forward",
+    "global_forward_pre",
+    "global_backward",
+    "global_backward_pre",
+    "instance_forward",
+    "class_forward",
+]
+
+
+@pytest.mark.filterwarnings("ignore:For backward hooks to be called", "ignore:Full backward hook is firing")
+@pytest.mark.parametrize("kind", HOOK_KINDS)
+@pytest.mark.parametrize("module_name", ["attention.o_proj", "ffn.up_proj", "attention.layer_norm"])
+def test_linear_and_norm_layers_keep_their_module_call_when_watched(kind, module_name):
+    """Bare linear and layer-norm layers are computed without their module call (it only costs time); one that a
+    hook of any kind watches, or whose forward is replaced (on the instance or the class), keeps the call: in
+    training (forward and backward) and when decoding a token at batch 1 (the one-row products), with the same
+    outputs."""
+    model = tiny_lm(mem_len=8)
+    module = model.transformer.layers[0].get_submodule(module_name)
+    ids = covering_ids(97, batch=2, length=6)
+    expected_loss = model.train()(ids, labels=ids).loss
+    with torch.no_grad():
+        memory = model.eval()(ids[:1, :5], use_cache=True).past_key_values
+        expected_logits = model(ids[:1, 5:], past_key_values=memory, use_cache=True).logits
+    calls = []
+    undo = _watch(kind, module, calls)
     try:
-        ids = covering_ids(97, batch=2, length=6)
-        model(ids, labels=ids).loss.backward()
+        loss = model.train()(ids, labels=ids).loss
+        loss.backward()
+        assert calls, "not called as a module in training"
+        calls.clear()
+        if not kind.startswith(("backward", "global_backward")):
+            with torch.no_grad():
+                memory = model.eval()(ids[:1, :5], use_cache=True).past_key_values
+                calls.clear()
+                logits = model(ids[:1, 5:], past_key_values=memory, use_cache=True).logits
+            assert calls, "not called as a module when decoding"
+            torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
     finally:
-        handle.remove()
-    assert len(backward_calls) == 3
-    hookable = [module for module in model.modules() if type(module) in kinds]
-    assert {id(module) for module in global_calls} == {id(module) for module in hookable}
+        undo()
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
 
-    model.eval()  # decoding a token at batch 1: the one-row products
-    forward_calls = []
-    for module in (layer.attention.qkv_proj, layer.attention.layer_norm, layer.ffn.down_proj):
-        module.register_forward_hook(lambda module, args, output: forward_calls.append(module))
-    with torch.no_grad():
-        memory = model(ids[:1, :5], use_cache=True).past_key_values
-        forward_calls.clear()
-        model(ids[:1, 5:], past_key_values=memory, use_cache=True)
-    assert len(forward_calls) == 3
 
-    model.eval()
-    layer.ffn.up_proj.register_forward_hook(lambda module, args, output: captured.append((output, output.clone())))
+def test_a_hooked_feed_forward_keeps_what_its_hook_captured():
+    """A forward hook's captured output of the feed-forward's first product is not rectified in place in
+    inference (the in-place ReLU is for a bare layer only)."""
+    model = tiny_lm().eval()
+    captured = []
+    model.transformer.layers[0].ffn.up_proj.register_forward_hook(
+        lambda module, args, output: captured.append((output, output.clone()))
+    )
     with torch.no_grad():
-        model(ids)
+        model(covering_ids(97, batch=2, length=6))
     kept, copy = captured[-1]
     assert torch.equal(kept, copy) and (copy < 0).any()  # the hook's tensor still holds negative pre-activations
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:`torch.jit.trace:DeprecationWarning")
 @pytest.mark.parametrize("config_name", ["tiny", "tiny_wt103"])
 def test_adaptive_embedding_by_cluster_equals_the_masked_path(config_name):
-    """On a CPU each token goes through its own cluster only (one token: found on the host); the values and the
-    parameters' gradients are those of the masked path, which computes every cluster for every token, and ids
-    outside the vocabulary are an IndexError naming them."""
-    model = TxlForCausalLM(TxlConfig(**model_config(config_name)))
+    """In CPU inference each token goes through its own cluster only (one token: found on the host): the masked
+    path's values, and ids outside the vocabulary are an IndexError naming them. With gradients on, and while
+    tracing, the masked path runs: every cluster's parameters get a gradient (zero where no token fell, as
+    DistributedDataParallel and AdamW expect), and a traced embedding holds for tokens of other clusters."""
+    model = TxlForCausalLM(TxlConfig(**model_config(config_name), tie_word_embeddings=False))
     embedding = model.transformer.word_embeddings
     vocab = model.config.vocab_size
     torch.manual_seed(0)
     cases = [torch.randint(0, vocab, (3, 7)), torch.tensor([[5, 6, 7]])]  # every cluster, then the first only
     cases += [torch.tensor([[low]]) for low in embedding.bounds[:-1]] + [torch.tensor([[vocab - 1]])]
-    for ids in cases:
-        grads = []
-        for path in (embedding._embed_by_cluster, embedding._embed_masked):
-            embedding.zero_grad(set_to_none=True)
-            output = path(ids)
-            (output * torch.arange(output.numel()).view_as(output).sin()).sum().backward()
-            grads.append((output, [parameter.grad for parameter in embedding.parameters()]))
-        (fast, fast_grads), (expected, expected_grads) = grads
-        torch.testing.assert_close(fast, expected, rtol=0, atol=1e-6)
-        for grad, expected_grad in zip(fast_grads, expected_grads):
-            if expected_grad is None or not expected_grad.any():
-                assert grad is None or not grad.any()
-            else:
-                torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-6)
-    torch.testing.assert_close(embedding(cases[0]), embedding._embed_masked(cases[0]) * embedding.scale)
-    for bad in (torch.tensor([[vocab]]), torch.tensor([[-1]]), torch.tensor([[1, vocab + 3]])):
-        with pytest.raises(IndexError, match=f"outside the vocabulary \\[0, {vocab}\\)"):
-            embedding(bad)
+    with torch.no_grad():
+        for ids in cases:
+            expected = embedding._embed_masked(ids) * embedding.scale
+            torch.testing.assert_close(embedding(ids), expected, rtol=1.3e-6, atol=1e-6)
+            torch.testing.assert_close(embedding._embed_by_cluster(ids), expected / embedding.scale, rtol=0, atol=1e-6)
+        for bad in (torch.tensor([[vocab]]), torch.tensor([[-1]]), torch.tensor([[1, vocab + 3]])):
+            with pytest.raises(IndexError, match=f"outside the vocabulary \\[0, {vocab}\\)"):
+                embedding(bad)
+    embedding(cases[1]).sum().backward()  # tokens of the first cluster only
+    assert all(parameter.grad is not None for parameter in embedding.parameters())
+    assert not embedding.embeddings[-1].weight.grad.any()
+    with torch.no_grad():
+        traced = torch.jit.trace(embedding, cases[1], check_trace=False)
+        torch.testing.assert_close(traced(cases[0]), embedding._embed_masked(cases[0]) * embedding.scale)
+
+
+def test_training_after_an_inference_mode_forward():
+    """A forward under torch.inference_mode() keeps nothing that a later training step would save for backward
+    (the model's position table was made under that mode): the step's gradients are those of a fresh model."""
+    ids = covering_ids(97, batch=2, length=6)
+    grads = []
+    for warmed in (False, True):
+        model = tiny_lm(mem_len=8)
+        if warmed:
+            with torch.inference_mode():
+                model(ids)
+        model.train()(ids, labels=ids).loss.backward()
+        grads.append({name: parameter.grad for name, parameter in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=0)
+
+
+def test_torch_func_grad_equals_autograd():
+    """torch.func.grad over functional_call (per-sample gradients, meta-learning) takes the plain autograd paths
+    (the CPU kernels' autograd Functions do not support torch.func transforms) and gives autograd's gradients."""
+    model = tiny_lm(mem_len=8, dropout=0.0).train()
+    ids = covering_ids(97, batch=2, length=6)
+    model(ids, labels=ids).loss.backward()
+    expected = {name: parameter.grad for name, parameter in model.named_parameters()}
+    params = {name: parameter.detach() for name, parameter in model.named_parameters()}
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ids,), {"labels": ids}).loss)(params)
+    for name in expected:
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-4, atol=1e-6)

@@ -408,7 +408,7 @@ def test_save_and_load_round_trip(tmp_path, variant):
     ids = covering_ids(model.config.vocab_size, batch=2, length=6)
     # Equal to float32 rounding, not bitwise: loaded weights lie at another alignment (safetensors maps the file),
     # and BLAS's products of a few rows (the adaptive embedding's per-cluster ones) may then sum in another order.
-    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=1.3e-6, atol=1e-6)
     for target, source in model._tied_weights_keys.items():
         assert reloaded.get_parameter(target) is reloaded.get_parameter(source)
 

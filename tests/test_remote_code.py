@@ -71,7 +71,7 @@ def assert_remote_code_reproduces(model, folder, ids: torch.Tensor, tmp_path) ->
     expected = torch.cat([first.logits, second.logits], 1)
     # Equal to float32 rounding, not bitwise: the loaded weights lie at another alignment (safetensors maps the
     # file), and BLAS's products of a few rows (the adaptive embedding's per-cluster ones) may sum in another order.
-    torch.testing.assert_close(torch.tensor(remote["logits"]), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(remote["logits"]), expected, rtol=1.3e-6, atol=1e-6)
     generated = model.generate(ids[:1, :3], max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert remote["generated"] == generated.tolist()
     assert remote["config"] == "TxlConfig" and remote["base"] == "TxlModel"

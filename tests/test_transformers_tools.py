@@ -390,7 +390,8 @@ def test_resize_token_embeddings_grows_the_last_cluster(overrides, tmp_path):
     assert embeddings.embeddings[-1].weight.grad[-4:].abs().sum() > 0
     model.save_pretrained(tmp_path / "resized")
     reloaded = TxlForCausalLM.from_pretrained(tmp_path / "resized").eval()
-    torch.testing.assert_close(reloaded(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
+    # (to float32 rounding: the loaded weights' alignment may change BLAS's sums of a few rows, see test_modeling_txl)
+    torch.testing.assert_close(reloaded(ids).logits, model.eval()(ids).logits, rtol=1.3e-6, atol=1e-6)
 
 
 def test_resize_token_embeddings_shrinks_and_pads_and_refuses_inner_clusters():

@@ -30,13 +30,15 @@ from torch.autograd.function import once_differentiable
 
 def float32_cpu_training(*tensors: torch.Tensor) -> bool:
     """Whether a gradient will flow back to `tensors`, all float32 on the CPU, without autocast, outside
-    torch.export (which traces with gradients on but records no backward): where these kernels apply."""
+    torch.export (which traces with gradients on but records no backward) and torch.func transforms (which these
+    kernels' autograd Functions do not support): where these kernels apply."""
     return (
         torch.is_grad_enabled()
         and any(tensor.requires_grad for tensor in tensors)
         and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_exporting()
+        and not torch._C._are_functorch_transforms_active()
     )
 
 
@@ -81,7 +83,8 @@ def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     Every layer of a forward gets the same mask tensor: its float form is made once and kept on that tensor (an
     attribute, so it lives as long as the mask), with the mask's version and storage, so that a write torch sees
     (in place, through a view, `.data =`) or a copy of the tensor makes it anew. Under `torch.inference_mode()` (no
-    versions) and while tracing (no attributes) it is made afresh at every call.
+    versions), while tracing (no attributes) and under torch.func transforms (no storage) it is made afresh at every
+    call.
     """
     trackable = not (
         torch.compiler.is_compiling()
@@ -89,7 +92,10 @@ def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         or torch.is_inference_mode_enabled()
         or mask.is_inference()
     )
-    key = (mask._version, mask.data_ptr(), dtype) if trackable else None
+    try:
+        key = (mask._version, mask.data_ptr(), dtype) if trackable else None
+    except RuntimeError:  # a tensor without storage (a torch.func transform's wrapper): nothing to key on
+        trackable, key = False, None
     kept = getattr(mask, "_float_mask", None) if trackable else None
     if kept is not None and kept[0] == key:
         return kept[1]
@@ -234,10 +240,7 @@ def one_query_attention(
     scores = torch.baddbmm(position_scores, content_query, key.transpose(1, 2), beta=scaling, alpha=scaling)
     if mask is not None:  # [1, K] or [B, 1, 1, K]
         scores.view(batch, heads, 1, k_len).masked_fill_(mask, torch.finfo(scores.dtype).min)
-    if scores.dtype == torch.float32 and not scores.requires_grad:  # in place
-        probs = torch._softmax(scores, -1, False, out=scores)
-    else:  # (autocast: in float32, as eager attention)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (autocast: in float32, as eager)
     output = torch.bmm(probs, value.reshape(batch * heads, k_len, head_dim))  # [B H, 1, D]
     return output.view(batch, heads, 1, head_dim)
 
@@ -390,7 +393,13 @@ class _ReluDropout(torch.autograd.Function):
 
 
 def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
-    return training and 0.0 < p < 1.0 and torch.is_grad_enabled() and inputs.requires_grad
+    return (
+        training
+        and 0.0 < p < 1.0
+        and torch.is_grad_enabled()
+        and inputs.requires_grad
+        and not torch._C._are_functorch_transforms_active()
+    )
 
 
 def dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:

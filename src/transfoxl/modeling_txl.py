@@ -234,12 +234,17 @@ def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(inputs, weight, bias)
 
 
+# The forward of each module type that `_is_bare` may skip, as torch defines it (a patched class keeps its call).
+_TORCH_FORWARDS = {nn.Linear: nn.Linear.forward, nn.LayerNorm: nn.LayerNorm.forward}
+
+
 def _is_bare(module: nn.Module, kind: type[nn.Module]) -> bool:
     """Whether `module` is a `kind` itself (`nn.Linear`, `nn.LayerNorm`): not wrapped by an adapter, hooked (its own
     hooks or global module hooks) or replaced, so that its parameters say what it computes and nothing watches its
     call."""
     return (
         type(module) is kind
+        and kind.forward is _TORCH_FORWARDS[kind]
         and not module._forward_hooks
         and not module._forward_pre_hooks
         and not module._backward_hooks
@@ -556,7 +561,8 @@ class TxlAdaptiveEmbedding(nn.Module):
         if (
             input_ids.device.type == "cpu"
             and input_ids.numel() > 0
-            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+            and not torch.is_grad_enabled()
+            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
         ):
             return self._embed_by_cluster(input_ids) * self.scale
         return self._embed_masked(input_ids) * self.scale
@@ -564,7 +570,9 @@ class TxlAdaptiveEmbedding(nn.Module):
     def _embed_masked(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Unscaled embeddings `[B, Q, E]`: every cluster embeds every token (ids outside it clamped to a valid row)
         and a mask keeps its own, a little extra arithmetic instead of a host synchronisation to find each cluster's
-        tokens (accelerators, tracing)."""
+        tokens (accelerators, tracing). Used whenever gradients are on: every cluster's parameters then get a
+        gradient, zero where no token fell, on every device (DistributedDataParallel expects every parameter used,
+        and AdamW keeps moving a parameter whose gradient is zero, not one whose gradient is None)."""
         embeddings = None
         for cluster, (table, projection) in enumerate(zip(self.embeddings, self.projections)):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
@@ -577,9 +585,10 @@ class TxlAdaptiveEmbedding(nn.Module):
         return embeddings
 
     def _embed_by_cluster(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Unscaled embeddings `[B, Q, E]`, each token through its own cluster only: on a CPU, finding a cluster's
-        tokens costs no synchronisation, and the other clusters are neither computed nor read (a decoded token reads
-        one table row and one projection, instead of every projection). The same values as the masked path."""
+        """Unscaled embeddings `[B, Q, E]`, each token through its own cluster only, for CPU inference: finding a
+        cluster's tokens costs no synchronisation there, and the other clusters are neither computed nor read (a
+        decoded token reads one table row and one projection, instead of every projection). The same values as the
+        masked path (to float32 rounding: BLAS may sum a few rows in another order)."""
         flat = input_ids.reshape(-1)
         if flat.shape[0] == 1:  # one token (decoding at batch 1): its cluster, found on the host
             token = int(flat[0])
@@ -957,7 +966,14 @@ class TxlModel(TxlPreTrainedModel):
                 k_len, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
             )
         key = (dtype, device, self.config.clamp_len)
-        if self._position_table is None or self._position_table[0] != key or self._position_table[1].shape[0] < k_len:
+        kept = self._position_table
+        if (
+            kept is None
+            or kept[0] != key
+            or kept[1].shape[0] < k_len
+            # made under torch.inference_mode(): autograd may not save it for backward outside that mode
+            or (not torch.compiler.is_compiling() and kept[1].is_inference() and not torch.is_inference_mode_enabled())
+        ):
             length = max(k_len, self.config.mem_len + 1)
             table = sinusoid_positions(
                 length, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
