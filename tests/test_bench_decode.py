@@ -78,6 +78,15 @@ def test_quick_run_wt103_part(quick_run: Path) -> None:
     measured = wt103["measured"]
     assert wt103["ratio_to_floor"]["prefill"] == pytest.approx(measured["prefill_s"]["median"] / floors["prefill_s"])
     assert wt103["ratio_to_floor"]["step"] == pytest.approx(measured["step_ms"]["median"] / floors["step_ms"])
+    # each run against the floor at the bandwidth measured just before it; the process's best is at least that
+    (run,) = wt103["runs"]
+    run_bandwidth = max(run["mv_gbytes_per_s_before"].values())
+    assert wt103["run_floors_ms"] == [pytest.approx(1e3 * wt103["step_bytes"]["total"] / (run_bandwidth * 1e9))]
+    assert wt103["ratio_to_floor"]["step_paired"] == pytest.approx(1e3 * run["step_s"] / wt103["run_floors_ms"][0])
+    assert wt103["ratio_to_floor"]["forward_step_paired"] == pytest.approx(
+        1e3 * run["forward_step_s"] / wt103["run_floors_ms"][0]
+    )
+    assert wt103["mv_gbytes_per_s_ceiling"] >= run_bandwidth
     # the floors are the counts at the best rates the worker measured
     matmul = wt103["matmul_gflops_ceiling"]
     assert matmul == max(
@@ -98,6 +107,7 @@ def test_quick_run_wt103_part(quick_run: Path) -> None:
     assert wt103["v4"] is None and wt103["model_source"] == "seeded transfoxl model"
     table = (quick_run / "decode.md").read_text()
     assert "## tiny_wt103 configuration against the machine's floors" in table
+    assert "| decode step, generate(), each run / the floor just before it |" in table
     assert "| decode step, generate() (ms) |" in table
     assert "transformers 4.37.2: not run (--skip-v4, or --quick without --with-v4)." in table
 
