@@ -102,6 +102,7 @@ def test_quick_run_wt103_part(quick_run: Path) -> None:
     assert wt103["step_bytes"]["mean_memory_length"] == pytest.approx(17)
     assert 0 < wt103["weight_bytes"]["read"] < wt103["weight_bytes"]["all"] == 4 * wt103["parameters"]
     assert wt103["peak_rss_mb"] >= wt103["loaded_rss_mb"] > 0
+    assert wt103["peak_includes_bandwidth_probes"] is (not sys.platform.startswith("linux"))
     assert abs(sum(wt103["input_fractions"]) - 1) < 1e-6
     # --quick skips transformers 4.37.2: transfoxl built the seeded model itself
     assert wt103["v4"] is None and wt103["model_source"] == "seeded transfoxl model"
@@ -423,3 +424,22 @@ def test_a_worker_reports_its_own_peak_rss(tmp_path: Path) -> None:
     child = float(run_fresh_python(code, str(tools), cwd=tmp_path, env=dict(os.environ)).stdout)
     ours = machine.peak_rss_mb()
     assert 0 < child < ours / 2, (child, ours)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak RSS is reset through /proc (Linux)")
+def test_a_probes_buffers_leave_the_peak_once_reset(tmp_path: Path) -> None:
+    """The wt103 worker's per-run bandwidth probe allocates 256 MB matrices beside the model: once they are freed
+    and the peak reset, the peak the worker reports is the model's again. A fresh interpreter, whose peak is small."""
+    tools = Path(bench_decode.__file__).parent
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import machine\n"
+        "before = machine.peak_rss_mb()\n"
+        "probe = bytearray(256 * 2**20)  # written: resident\n"
+        "during = machine.peak_rss_mb()\n"
+        "del probe\n"
+        "print(before, during, machine.reset_peak_rss(), machine.peak_rss_mb())"
+    )
+    result = run_fresh_python(code, str(tools), cwd=tmp_path, env=dict(os.environ)).stdout.split()
+    before, during, reset, after = float(result[0]), float(result[1]), result[2], float(result[3])
+    assert during > before + 200 and reset == "True"
+    assert after < before + 50, (before, during, after)

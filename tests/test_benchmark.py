@@ -27,7 +27,11 @@ def decode_results(*, step_1: float = 0.9, quick: bool = False) -> dict:
         "setup": {"quick": quick},
         "machine": {"torch_threads": 1},
         "mid": {"config_name": "mid", "summary": mid},
-        "wt103": {"config_name": "wt103", "ratio_to_floor": {"step_paired": 1.1, "step": 1.3, "prefill": 1.4}, "v4": v4},
+        "wt103": {
+            "config_name": "wt103",
+            "ratio_to_floor": {"step_paired": 1.1, "step": 1.3, "prefill": 1.4},
+            "v4": v4,
+        },
         "wall_s": 100.0,
     }
 

@@ -29,6 +29,17 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def reset_peak_rss() -> bool:
+    """Lower this process's peak (VmHWM) to its current RSS, so that a measurement's own buffers, once freed, do not
+    count in the peak read later; False where the system cannot (not Linux, or /proc/self/clear_refs refused)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")  # reset the peak RSS (Linux 4.0+, man 5 proc)
+    except OSError:
+        return False
+    return True
+
+
 def current_rss_mb() -> float:
     """Resident set size now, MB (Linux; elsewhere the peak so far)."""
     try:
