@@ -124,8 +124,8 @@ def _mask(kind, batch, q_len, mem_len, max_mem_len):
 )
 def test_one_query_attention_equals_eager_attention(batch, mem_len, mask_kind):
     """Decoding's path (one query, the positional product per head, no SDPA) gives eager's output, also with the
-    padding and same_length masks a decoded token may carry, at batch 1 (the position scores taken as they come)
-    and above (laid out batch-major); gradients too (plain autograd), and without them (softmax in place)."""
+    padding and same_length masks a decoded token may carry, at batch 1 (head-major is batch-major: no layout pass)
+    and above (laid out batch-major); gradients too (plain autograd), and without them."""
     heads = 4
     inputs = _attention_inputs(batch, heads, 1, mem_len)
     mask = _mask(mask_kind, batch, 1, mem_len, max_mem_len=8)

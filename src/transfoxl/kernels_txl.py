@@ -231,10 +231,15 @@ def one_query_attention(
     """
     batch, heads, _, head_dim = query.shape
     k_len = key.shape[2]
-    query = query.reshape(batch, heads, head_dim)
-    position_scores = torch.bmm((query + position_bias).transpose(0, 1), rel_key.transpose(1, 2))  # [H, B, K]
-    position_scores = position_scores.transpose(0, 1).reshape(batch * heads, 1, k_len)  # a copy only when B > 1
-    content_query = (query + content_bias).view(batch * heads, 1, head_dim)
+    if batch == 1:  # [B H] is [H]: the head-major product is already batch-major (fewer calls: a token's cost)
+        query = query.reshape(heads, 1, head_dim)
+        position_scores = torch.bmm(query + position_bias.unsqueeze(1), rel_key.transpose(1, 2))  # [H, 1, K]
+        content_query = query + content_bias.unsqueeze(1)  # [H, 1, D]
+    else:
+        query = query.reshape(batch, heads, head_dim)
+        position_scores = torch.bmm((query + position_bias).transpose(0, 1), rel_key.transpose(1, 2))  # [H, B, K]
+        position_scores = position_scores.transpose(0, 1).reshape(batch * heads, 1, k_len)  # a copy
+        content_query = (query + content_bias).view(batch * heads, 1, head_dim)
     # The memory's keys and values are [B, H, K, D] views of one buffer each: [B H, K, D] views too.
     key = key.reshape(batch * heads, k_len, head_dim)
     scores = torch.baddbmm(position_scores, content_query, key.transpose(1, 2), beta=scaling, alpha=scaling)

@@ -219,7 +219,7 @@ def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
     where `kernels_txl.one_row_linear` applies."""
     return (
         inputs.numel() == inputs.shape[-1]
-        and inputs.device.type == "cpu"
+        and inputs.is_cpu
         and inputs.dtype == weight.dtype
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
@@ -1073,11 +1073,12 @@ class TxlModel(TxlPreTrainedModel):
             memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
         layer_inputs, attentions = [], []
         memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
+        untie_r = self.config.untie_r  # read once: a config attribute costs a microsecond or two, per layer and token
         for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
             attention = layer.attention
-            content_bias = attention.content_bias if self.config.untie_r else self.content_bias
-            position_bias = attention.position_bias if self.config.untie_r else self.position_bias
+            content_bias = attention.content_bias if untie_r else self.content_bias
+            position_bias = attention.position_bias if untie_r else self.position_bias
             layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
             hidden_states, attn_weights = layer(
                 layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
