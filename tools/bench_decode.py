@@ -39,8 +39,11 @@ an empty memory (transfoxl's default), in a fresh worker process (so that its pe
   products use, i.e. all parameters but the input embedding's own tables (one row is looked up; tied tables are read
   by the softmax anyway), the memory's keys and values, and the sinusoid table R of the K distances once), divided by
   the best bandwidth a large fp32 matrix-vector product (`torch.mv`, or the matrix as two halves in one batched
-  product, the form the model uses; both over 256 MB) reaches in the same worker;
-- peak RSS of the worker (the model, the prefill and the decode steps; the rate measurements' buffers excluded).
+  product, the form the model uses; both over 256 MB) reaches in the same worker; and each run against the floor
+  at the bandwidth measured just before it (the goal's row: the median of those ratios, as the host's other work
+  moves the bandwidth from run to run);
+- peak RSS of the worker (the model, the prefill and the decode steps; the rate measurements' buffers excluded: the
+  peak is reset once a run's bandwidth probe is freed, `machine.reset_peak_rss`).
 
 End to end against transformers 4.37.2 (v4), on the same weights (the default; `--skip-v4`, or `--quick` without
 `--with-v4`, skips it, and the transfoxl worker then builds the seeded model itself). v4 runs in its own virtualenv
