@@ -29,9 +29,12 @@ def test_the_checks_pass_on_the_cpu(tmp_path: Path) -> None:
     timings = results["timings"]
     assert all("error" not in entry for entry in timings.values()), timings
     assert set(timings["mid_vs_gpt2"]) >= {"1", "8"} and timings["mid_training"]["fp32"]["tokens_per_s"] > 0
+    compiled = timings["mid_compiled_decoding"]
+    assert compiled["backend"] == "aot_eager" and compiled["same_tokens"] is True
     table = (tmp_path / "gpu.md").read_text()
     assert "| logits_vs_cpu | yes |" in table and "| batch 8, decode step (ms) |" in table
     assert "| bf16_autocast |" in table and "| bf16_weights |" in table
+    assert "the forward under torch.compile (aot_eager, fullgraph, dynamic)" in table
     # the tables again from the JSON alone (a GPU run's files, rewritten here)
     (tmp_path / "gpu.md").unlink()
     assert gpu_check.main(["--out", str(tmp_path), "--markdown-only"]) == 0

@@ -12,8 +12,8 @@ passed or failed with its figures, a failure not stopping the others:
   float32 log-softmax), generate() runs; a model cast to bf16 outright too;
 - beam search and a batch with left padding through generate().
 Timings (CUDA synchronised, medians): the mid decode step and prefill at batch 1 and 8 against transformers' GPT-2 of
-the same size (with its KV cache), the wt103 configuration's decode step and prefill (fp32 and bf16 weights), and
-mid training tokens/s (fp32, bf16 autocast).
+the same size (with its KV cache), the same at batch 1 with the forward under torch.compile, the wt103
+configuration's decode step and prefill (fp32 and bf16 weights), and mid training tokens/s (fp32, bf16 autocast).
 """
 
 from __future__ import annotations
@@ -245,6 +245,29 @@ def time_mid_against_gpt2(device: torch.device, config: dict, prompt_len: int, n
     return result
 
 
+def time_compiled(device: torch.device, config: dict, prompt_len: int, new_tokens: int, backend: str) -> dict:
+    """Greedy decoding at batch 1 with the forward under `torch.compile(fullgraph=True, dynamic=True)` (`backend`:
+    inductor on a GPU; the tests' quick run on a CPU takes aot_eager): the same tokens as eager, and its times."""
+    model = build_transfoxl(config, mem_len=prompt_len, seed=0).to(device)
+    prompt = make_prompt(config["vocab_size"], 1, prompt_len, seed=6).to(device)
+    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        eager = time_generate(model, prompt, new_tokens, device)
+        eager_tokens = model.generate(prompt, **kwargs)
+        start = time.perf_counter()
+        model.forward = torch.compile(model.forward, fullgraph=True, dynamic=True, backend=backend)
+        same = torch.equal(model.generate(prompt, **kwargs), eager_tokens)
+        first_call_s = time.perf_counter() - start
+        compiled = time_generate(model, prompt, new_tokens, device)
+    return {
+        "backend": backend,
+        "eager": eager,
+        "compiled": compiled,
+        "compile_and_first_generate_s": first_call_s,
+        "same_tokens": same,
+    }
+
+
 def time_wt103(device: torch.device, config: dict, prompt_len: int, new_tokens: int) -> dict:
     model = build_transfoxl(config, mem_len=1600 if config["d_model"] >= 1024 else 32, seed=0).to(device)
     prompt = make_prompt(config["vocab_size"], 1, prompt_len, seed=7).to(device)
@@ -315,6 +338,9 @@ def run(args: argparse.Namespace) -> dict:
     timings: dict[str, Callable[[], dict]] = {
         "mid_vs_gpt2": lambda: time_mid_against_gpt2(device, mid, prompt_len, new_tokens, [1, 8]),
         "wt103_generate": lambda: time_wt103(device, wt103, prompt_len, 16 if not args.quick else 4),
+        "mid_compiled_decoding": lambda: time_compiled(
+            device, mid, prompt_len, new_tokens, "inductor" if device.type == "cuda" else "aot_eager"
+        ),
         "mid_training": lambda: time_training(
             device, mid, 8, 128 if not args.quick else 16, 10 if not args.quick else 2
         ),
@@ -356,6 +382,22 @@ def timing_lines(timings: dict) -> list[str]:
                     f"{scale * entry['gpt2'][name]:.2f} | {entry['ratio'][name]:.2f}x |"
                 )
         lines.append("")
+    compiled = timings.get("mid_compiled_decoding", {})
+    if "error" in compiled:
+        lines += [f"mid, compiled forward: failed ({compiled['error']})", ""]
+    elif compiled:
+        lines += [
+            f"| mid, batch 1, the forward under torch.compile ({compiled['backend']}, fullgraph, dynamic) | eager | "
+            "compiled |",
+            "|---|---|---|",
+            f"| prefill (ms) | {1e3 * compiled['eager']['prefill_s']:.2f} | "
+            f"{1e3 * compiled['compiled']['prefill_s']:.2f} |",
+            f"| decode step (ms) | {compiled['eager']['step_ms']:.2f} | {compiled['compiled']['step_ms']:.2f} |",
+            "",
+            f"Compiling and the first generate(): {compiled['compile_and_first_generate_s']:.0f} s; the same greedy "
+            f"tokens as eager: {'yes' if compiled['same_tokens'] else '**no**'}.",
+            "",
+        ]
     wt103 = timings.get("wt103_generate", {})
     if "error" in wt103:
         lines += [f"wt103: failed ({wt103['error']})", ""]
