@@ -326,12 +326,18 @@ def make_prompt(vocab_size: int, batch: int, prompt_len: int, seed: int) -> torc
     return torch.randint(1, vocab_size, (batch, prompt_len), generator=generator)
 
 
-def step_clock(on_first: Callable[[], None] | None = None, *, v4_api: bool = False):
+def step_clock(
+    on_first: Callable[[], None] | None = None,
+    *,
+    v4_api: bool = False,
+    synchronize: Callable[[], None] | None = None,
+):
     """A stopping criterion that stops nothing and records when each generate() step ends (`.times`).
 
     transformers calls the stopping criteria once per new token, after that step's forward and token choice.
     `on_first` runs at the first call (after the prefill): the profiles start there. `v4_api`: answer one Python
-    bool for the batch, as transformers 4.37.2 expects (later versions take a `[B]` tensor).
+    bool for the batch, as transformers 4.37.2 expects (later versions take a `[B]` tensor). `synchronize`: called
+    before each time is read (an accelerator's queued work, `tools/gpu_check.py`).
     """
     from transformers import StoppingCriteria
 
@@ -340,6 +346,8 @@ def step_clock(on_first: Callable[[], None] | None = None, *, v4_api: bool = Fal
             self.times: list[float] = []
 
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
+            if synchronize is not None:
+                synchronize()
             self.times.append(time.perf_counter())
             if len(self.times) == 1 and on_first is not None:
                 on_first()

@@ -32,28 +32,15 @@ import torch
 
 if __package__:
     from . import configs
-    from .bench_decode import build_gpt2, build_transfoxl, gpt2_config_for, make_prompt
+    from .bench_decode import build_gpt2, build_transfoxl, generate_kwargs, gpt2_config_for, make_prompt, step_clock
 else:
     import configs
-    from bench_decode import build_gpt2, build_transfoxl, gpt2_config_for, make_prompt
+    from bench_decode import build_gpt2, build_transfoxl, generate_kwargs, gpt2_config_for, make_prompt, step_clock
 
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def timed(call: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    """Median seconds of `call` over `repeats` runs after one warm-up."""
-    call()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        call()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def relative_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -66,6 +53,14 @@ def relative_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
 # Checks
 
 
+def build_with(config: dict, implementation: str, mem_len: int, device: torch.device) -> torch.nn.Module:
+    """The seeded model with attention `implementation` ("sdpa" or "eager"), on `device`."""
+    model = build_transfoxl(dict(config, attn_implementation=implementation), mem_len=mem_len, seed=0).to(device)
+    if model.config._attn_implementation != implementation:
+        raise AssertionError(f"asked for {implementation}, built {model.config._attn_implementation}")
+    return model
+
+
 def check_logits(config: dict, device: torch.device, q_len: int) -> dict:
     """Two segments (the second attends to the first as memory): device against CPU, SDPA and eager."""
     cpu_model = build_transfoxl(config, mem_len=q_len, seed=0)
@@ -75,9 +70,7 @@ def check_logits(config: dict, device: torch.device, q_len: int) -> dict:
         expected = cpu_model(tokens[:, q_len:], past_key_values=memory).logits
     result = {}
     for implementation in ("sdpa", "eager"):
-        model = build_transfoxl(dict(config, attn_implementation=implementation), mem_len=q_len, seed=0).to(device)
-        if model.config._attn_implementation != implementation:
-            raise AssertionError(f"asked for {implementation}, built {model.config._attn_implementation}")
+        model = build_with(config, implementation, q_len, device)
         on_device = tokens.to(device)
         with torch.no_grad():
             memory = model(on_device[:, :q_len], use_cache=True).past_key_values
@@ -127,10 +120,7 @@ def check_training_gradients(config: dict, device: torch.device, q_len: int) -> 
     expected = gradients(build_transfoxl(quiet, mem_len=q_len, seed=0), torch.device("cpu"))
     result = {}
     for implementation in ("sdpa", "eager"):
-        model = build_transfoxl(dict(quiet, attn_implementation=implementation), mem_len=q_len, seed=0).to(device)
-        if model.config._attn_implementation != implementation:
-            raise AssertionError(f"asked for {implementation}, built {model.config._attn_implementation}")
-        grads = gradients(model, device)
+        grads = gradients(build_with(quiet, implementation, q_len, device), device)
         if grads.keys() != expected.keys():
             raise AssertionError(f"{implementation}: gradients of {sorted(grads.keys() ^ expected.keys())} differ")
         result[implementation] = max(relative_difference(grads[name], expected[name]) for name in expected)
@@ -142,7 +132,8 @@ def check_autocast(config: dict, device: torch.device, q_len: int, dtype: torch.
     """Loss and gradients under autocast against fp32, through the adaptive embedding and softmax; generate()."""
     tokens = make_prompt(config["vocab_size"], 2, q_len, seed=3).to(device)
     model = build_transfoxl(dict(config, dropout=0.0, dropatt=0.0), mem_len=q_len, seed=0).to(device).train()
-    reference = model(tokens, labels=tokens).loss.item()
+    with torch.no_grad():
+        reference = model(tokens, labels=tokens).loss.item()
     with torch.autocast(device.type, dtype=dtype):
         loss = model(tokens, labels=tokens).loss
         loss.backward()
@@ -201,23 +192,15 @@ def check_generate_modes(config: dict, device: torch.device, prompt_len: int) ->
 
 
 def time_generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
-    """Prefill (the prompt's forward) and the decode step (median interval of greedy generate() tokens)."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    """Prefill (the prompt's forward) and the decode step (median interval of greedy generate() tokens), the device
+    synchronised before each time is read."""
+    from transformers import StoppingCriteriaList
 
-    class Clock(StoppingCriteria):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def __call__(self, input_ids, scores, **kwargs):
-            synchronize(device)
-            self.times.append(time.perf_counter())
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    model.generate(prompt[:, :16], **dict(kwargs, max_new_tokens=4, min_new_tokens=4))  # warm-up
+    kwargs = generate_kwargs(new_tokens)
+    model.generate(prompt[:, :16], **generate_kwargs(4))  # warm-up
     runs = []
     for _ in range(3):
-        clock = Clock()
+        clock = step_clock(synchronize=lambda: synchronize(device))
         synchronize(device)
         start = time.perf_counter()
         model.generate(prompt, stopping_criteria=StoppingCriteriaList([clock]), **kwargs)
