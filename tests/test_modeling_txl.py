@@ -5,6 +5,7 @@ got (the argument checks are in `transfoxl/checks_txl.py`). A few inputs are acc
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -169,6 +170,31 @@ def test_sliding_window_keeps_the_latest_entries_and_moves_them_rarely():
     prompt = SlidingWindow(dim=1, max_len=1000)
     prompt.append(torch.zeros(1, 512))  # a prompt before decoding: only the default room of 64
     assert prompt.buffer.shape[1] == 512 + 64
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "grad", "train", "inference_mode"])
+def test_a_deep_copy_of_a_memory_continues_as_the_memory_would(mode):
+    """A prompt's memory copied with copy.deepcopy (to continue it more than once) works as the original, whatever
+    mode made it: a memory made with gradients on keeps the layer inputs without a copy and checks their version
+    when read, which a copy must not inherit. The copy and the original stay independent."""
+    import copy
+
+    model = tiny_lm(mem_len=7, cutoffs=[])  # (a plain embedding scales its output in place: version 1)
+    prompt, following = ids(2, 5, seed=1), ids(2, 4, seed=2)
+    if mode == "train":
+        model.train()
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
+    with context():
+        memory = model(prompt).past_key_values
+    model.eval()
+    with torch.no_grad():
+        copied = copy.deepcopy(memory)  # (before anything reads the memory: reading copies a shared tensor)
+        first = model(following, past_key_values=copied).logits
+        again = model(following, past_key_values=copy.deepcopy(memory)).logits
+        expected = model(following, past_key_values=TxlMemory.from_legacy(memory.to_legacy(), mem_len=7)).logits
+    torch.testing.assert_close(first, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)  # the first copy moved on; the original did not
+    assert copied.get_seq_length() == 7 and memory.get_seq_length() == 5
 
 
 def test_mem_len_zero_keeps_no_memory():

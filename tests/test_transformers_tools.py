@@ -322,6 +322,27 @@ def test_torch_export_with_a_memory_equals_eager(model_class, one_thread):
         torch.testing.assert_close(kept.hidden, expected.hidden, rtol=1e-5, atol=1e-5)
 
 
+def test_an_exported_program_takes_back_the_memory_it_returns(one_thread):
+    """A decode loop over an exported program: each call takes the memory the previous one returned (the memory's
+    pytree context is its structure only, not the token count a traced forward cannot keep), and the logits follow
+    the eager loop's."""
+    torch.manual_seed(0)
+    model = TxlForCausalLM(tiny_config(mem_len=8)).eval()
+    with torch.no_grad():
+        memory = model(random_ids(1, 12, seed=3)).past_key_values  # full: 8 positions, 12 tokens seen
+    token = random_ids(1, 1, seed=5)
+    program = torch.export.export(model, (token,), {"past_key_values": copy.deepcopy(memory)}).module()
+    exported_memory = copy.deepcopy(memory)
+    for _ in range(3):
+        with torch.no_grad():
+            eager = model(token, past_key_values=memory)
+        exported = program(token, past_key_values=exported_memory)
+        torch.testing.assert_close(exported["logits"], eager.logits, rtol=1e-5, atol=1e-5)
+        exported_memory = exported["past_key_values"]
+        assert exported_memory.seen_tokens is None
+        token = eager.logits[:, -1:].argmax(-1)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Remote-code classes beside the package's
 

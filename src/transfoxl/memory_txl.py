@@ -57,6 +57,15 @@ class SlidingWindow:
             kept = self.value
             self.buffer, self.start, self.end, self.shared_version = kept.clone(), 0, kept.shape[self.dim], None
 
+    def __deepcopy__(self, memo: dict) -> SlidingWindow:
+        """A window of its own: the kept entries copied into a buffer of exactly their size (a tensor kept without a
+        copy is copied too, so the copy's version check starts afresh)."""
+        window = SlidingWindow(self.dim, self.max_len, self.room)
+        kept = self.value
+        window.replace(None if kept is None else kept.detach().clone())
+        memo[id(self)] = window
+        return window
+
     def __len__(self) -> int:
         """How many entries are kept (without making a view: decoding asks once per layer per token)."""
         return self.end - self.start
@@ -425,27 +434,30 @@ def is_txl_memory(value: object) -> bool:
     )
 
 
-def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple[int, int, int | None]]:
+def _flatten_memory(memory: TxlMemory) -> tuple[list[torch.Tensor | None], tuple[int, int]]:
     """The tensors of a memory (the hidden states of each layer, the padding flags, the token ids) and what
     rebuilds it around them: a memory is a pytree, so torch.export takes it as an input and gives it as an output.
-    The inference-only keys and values are left out (recomputed from the hidden states)."""
+    The inference-only keys and values are left out (recomputed from the hidden states). The context is the
+    structure only: an exported program checks it on every call, and the memory it returns (whose token count a
+    traced forward cannot keep) must be one it takes back. A memory rebuilt from its tensors has `seen_tokens` None
+    (unknown)."""
     children = [layer.hidden for layer in memory.layers] + [memory.padding, memory._token_ids.value]
-    return children, (len(memory.layers), memory.mem_len, memory.seen_tokens)
+    return children, (len(memory.layers), memory.mem_len)
 
 
-def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[int, int, int | None]) -> TxlMemory:
-    num_layers, mem_len, seen_tokens = context
+def _unflatten_memory(children: Sequence[torch.Tensor | None], context: tuple[int, int]) -> TxlMemory:
+    num_layers, mem_len = context
     memory = TxlMemory(num_layers=num_layers, mem_len=mem_len)
     for layer, hidden in zip(memory.layers, children[:num_layers]):
         if hidden is not None:
             layer.update(hidden)
     memory._padding.replace(children[num_layers])
     memory._token_ids.replace(children[num_layers + 1])
-    memory.seen_tokens = seen_tokens
+    memory.seen_tokens = None
     return memory
 
 
-def _flatten_memory_with_keys(memory: TxlMemory) -> tuple[list[tuple], tuple[int, int, int | None]]:
+def _flatten_memory_with_keys(memory: TxlMemory) -> tuple[list[tuple], tuple[int, int]]:
     children, context = _flatten_memory(memory)
     return [(pytree.SequenceKey(index), child) for index, child in enumerate(children)], context
 
