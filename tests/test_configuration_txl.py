@@ -183,6 +183,15 @@ CONFIG_CASES = [
         r"`cutoffs` must lie strictly between 0 and vocab_size=100, got \[20, 100\]",
         "cutoffs-vocab",
     ),
+    case(  # a small vocabulary without cutoffs meets WikiText-103's default clusters
+        "config",
+        "vocab_size 100 and no cutoffs (the default [20000, 40000, 200000])",
+        "ValueError naming the default and the way out",
+        ValueError,
+        r"got \[20000, 40000, 200000\] \(the default, WikiText-103's clusters\); pass cutoffs=\[\] for one full",
+        lambda: TxlConfig(**{key: value for key, value in CONFIG.items() if key != "cutoffs"}),
+        "cutoffs-default",
+    ),
     config_case(
         "cutoffs [0, 20]",
         {"cutoffs": [0, 20]},

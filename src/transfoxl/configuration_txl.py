@@ -27,6 +27,7 @@ logger = logging.get_logger(__name__)
 
 MEMORY_INIT_CHOICES = ("empty", "zeros")
 INIT_CHOICES = ("normal", "uniform")
+DEFAULT_CUTOFFS = (20000, 40000, 200000)  # WikiText-103's clusters (Dai et al., 2019; v4's default)
 BOOLEAN_FIELDS = ("pre_lnorm", "same_length", "untie_r", "use_cache", "tie_word_embeddings")
 
 
@@ -124,7 +125,7 @@ class TxlConfig(PreTrainedConfig):
 
     vocab_size: int = 267735
     # Any sequence of ids is accepted (a tuple, a numpy array) and stored as a list; None means [].
-    cutoffs: list[int] | None = field(default_factory=lambda: [20000, 40000, 200000])
+    cutoffs: list[int] | None = field(default_factory=lambda: list(DEFAULT_CUTOFFS))
     d_model: int = 1024
     d_embed: int | None = None  # None: d_model
     n_head: int = 16
@@ -196,8 +197,10 @@ class TxlConfig(PreTrainedConfig):
         if any(later <= earlier for earlier, later in pairwise(cutoffs)):
             raise ValueError(f"TxlConfig: `cutoffs` must be strictly increasing, got {cutoffs}.")
         if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocab_size):
+            default = " (the default, WikiText-103's clusters)" if tuple(cutoffs) == DEFAULT_CUTOFFS else ""
             raise ValueError(
-                f"TxlConfig: `cutoffs` must lie strictly between 0 and vocab_size={self.vocab_size}, got {cutoffs}."
+                f"TxlConfig: `cutoffs` must lie strictly between 0 and vocab_size={self.vocab_size}, got "
+                f"{cutoffs}{default}; pass cutoffs=[] for one full softmax, or cluster bounds below vocab_size."
             )
         if self.d_model % 2:
             raise ValueError(
