@@ -234,6 +234,8 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--warmup-steps", "50"], "--warmup-steps 50: expected at most --steps 20"),
         (["--train-file", "/no/such/file.txt"], "--train-file /no/such/file.txt: expected an existing text file"),
         (["--tokenizer", "no such/tok/folder"], "--tokenizer no such/tok/folder: expected one of char, word, bpe"),
+        (["--tokenizer", "chars"], "--tokenizer chars: expected one of char, word, bpe (did you mean char?)"),
+        (["--tokenizer", "BPE"], "--tokenizer BPE: expected one of char, word, bpe (did you mean bpe?)"),
     ],
 )
 def test_bad_options_name_the_option(options, message, tmp_path, capsys):
@@ -574,6 +576,19 @@ def test_fine_tuning_a_hub_model_from_the_offline_cache(converted_model, word_fi
     # The model's own memory length (6, from v4's config.json) trains and evaluates; the segment length is the run's.
     assert (model.config.mem_len, model.config.tgt_len) == (6, 8)
     assert set(metrics["evaluation"]["validation"]) == {"0", "6"}
+
+
+def test_a_tokenizer_id_that_loads_nothing_is_named_as_the_tokenizer(word_files, tmp_path, monkeypatch):
+    """`--tokenizer` naming neither a kind, a folder nor a reachable Hub id stops with the option named (not as data
+    that could not be loaded), offline at once."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    options = ["--preset", "tiny", "--tokenizer", "someorg/no-such-tokenizer", "--no-progress"]
+    options += ["--train-file", str(word_files["train"]), "--output-dir", str(tmp_path / "run")]
+    with pytest.raises(
+        SystemExit, match=r"^--tokenizer someorg/no-such-tokenizer: not one of char, word, bpe, and no"
+    ):
+        train_cli.main(options)
 
 
 def test_fine_tuning_refuses_a_tokenizer_larger_than_the_model(converted_model, word_files, tmp_path):

@@ -126,6 +126,7 @@ SUPPORTED_DISTRIBUTED_TYPES = {DistributedType.NO, DistributedType.MULTI_CPU, Di
 WRAPPER_PREFIX = re.compile(r"^(?:(?:module|_orig_mod)\.)+")
 SAMPLE_TOP_K = 10
 SAMPLE_TEMPERATURE = 0.8
+TOKENIZER_KINDS = ("char", "word", "bpe")  # --tokenizer: trained on the training split
 BPE_VOCAB_SIZE = 8000  # --tokenizer bpe without --vocab-size
 
 # See the module docstring: empty unless a tool adds a hook.
@@ -198,7 +199,9 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
             f"the run in it, or choose another --output-dir."
         )
     elif args.resume:
-        print(f"WARNING: --resume: {run.path} holds no run (no train_args.json); starting a new run there.")
+        if state.is_main_process:
+            print(f"WARNING: --resume: {run.path} holds no run (no train_args.json); starting a new run there.")
+        args.resume = False  # from here on a new run: one notice, and train_args.json as a new run's
     state.wait_for_everyone()  # every process has looked before the main one writes
     if state.is_main_process:
         run.path.mkdir(parents=True, exist_ok=True)
@@ -227,7 +230,10 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
         return AutoTokenizer.from_pretrained(args.tokenizer)
     except (OSError, ValueError) as error:
         if args.tokenizer != args.model_name_or_path:
-            raise
+            raise SystemExit(
+                f"--tokenizer {args.tokenizer}: not one of {', '.join(TOKENIZER_KINDS)}, and no tokenizer could be "
+                f"loaded from a folder or Hub id of that name ({error})"
+            ) from None
         raise SystemExit(
             f"--model-name-or-path {args.model_name_or_path}: no tokenizer could be loaded from it ({error}). Pass "
             f"--tokenizer PATH_OR_ID, a saved tokenizer whose ids are those the model was trained with."
@@ -468,10 +474,20 @@ def load_memories(
 
 
 def plain_weight_names(models: list, weights: list[dict[str, torch.Tensor]], output_dir: str) -> None:
-    """accelerate's save hook: the weights under the unwrapped model's names."""
+    """accelerate's save hook: the weights under the unwrapped model's names, each tied tensor once (under its first
+    name, as accelerate itself would keep it, and without the warning it prints for every tie it drops; loading
+    restores the ties)."""
     for index, state in enumerate(weights):
-        # An OrderedDict, as accelerate's own: only then does it drop tied duplicates before safetensors sees them.
-        weights[index] = OrderedDict((WRAPPER_PREFIX.sub("", name), tensor) for name, tensor in state.items())
+        plain, storages = OrderedDict(), set()  # (an OrderedDict, as accelerate's own)
+        for name, tensor in state.items():
+            storage = (
+                (tensor.device, tensor.untyped_storage().data_ptr()) if isinstance(tensor, torch.Tensor) else None
+            )
+            if storage is not None and storage in storages:
+                continue
+            storages.add(storage)
+            plain[WRAPPER_PREFIX.sub("", name)] = tensor
+        weights[index] = plain
 
 
 class Checkpoints:
@@ -747,7 +763,8 @@ class Trainer:
             f"model: {config.n_layer} layers, d_model {config.d_model}, {self.num_parameters() / 1e6:.2f}M parameters"
             f"{f', fine-tuned from {args.model_name_or_path}' if args.model_name_or_path else ''}; "
             f"tgt_len {args.tgt_len}, mem_len {args.mem_len}, batch {args.batch_size} x {self.world_size} "
-            f"process(es); {args.steps} steps on {self.accelerator.device}"
+            f"process(es); {args.steps} steps on {self.accelerator.device}, "
+            f"{'fp32' if args.mixed_precision == 'no' else f'{args.mixed_precision} autocast'}"
         )
 
     def num_parameters(self) -> int:

@@ -44,7 +44,7 @@ from ..presets import PRESETS
 from .options import add_corpus_options, program_name
 
 DEFAULT_PRESET = "char-small"
-TOKENIZER_KINDS = ("char", "word", "bpe")
+TOKENIZER_KINDS = training.TOKENIZER_KINDS
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup", "inverse_sqrt")
 # Keys of transformers-v4 / original-code configs without a TxlConfig field of that name (legacy options TxlConfig
 # reads, generic transformers keys): never taken for a misspelt field.
@@ -407,13 +407,17 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.tokenizer not in TOKENIZER_KINDS:
         if Path(args.tokenizer).exists():
             args.tokenizer = str(Path(args.tokenizer).resolve())
-        elif not is_hub_repo_id(args.tokenizer):
-            fail(
-                parser,
-                "tokenizer",
-                args.tokenizer,
-                f"one of {', '.join(TOKENIZER_KINDS)}, a tokenizer folder or a Hub id",
-            )
+        else:
+            # A near miss of a kind ("chars", "BPE") is a typo, not a Hub id: refused now, not after the Hub's retries.
+            near = difflib.get_close_matches(args.tokenizer.lower(), TOKENIZER_KINDS, n=1, cutoff=0.6)
+            if near or not is_hub_repo_id(args.tokenizer):
+                hint = f" (did you mean {near[0]}?)" if near else ""
+                fail(
+                    parser,
+                    "tokenizer",
+                    args.tokenizer,
+                    f"one of {', '.join(TOKENIZER_KINDS)}{hint}, a tokenizer folder or a Hub id",
+                )
     if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
         fail(parser, "mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")
     if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
