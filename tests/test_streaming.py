@@ -59,6 +59,45 @@ def test_beam_search_set_in_the_generation_config_also_keeps_the_stream_memory()
     stream.feed(ids(1, 3, seed=4))
 
 
+def test_beam_search_in_a_generation_config_passed_to_the_call_keeps_the_stream_memory():
+    from transformers import GenerationConfig
+
+    model = tiny_lm(mem_len=128)
+    text = ids(1, 9, seed=3)
+    stream = TxlStream(model, segment_len=4).feed(text)
+    settings = GenerationConfig(num_beams=3, max_new_tokens=4, **GREEDY)
+    best = stream.generate(generation_config=settings)
+    assert stream.memory.batch_size == 1  # the stream's own memory, not the beams
+    assert torch.equal(best, model.generate(text, generation_config=settings, use_cache=False)[:, 9:])
+    follow = stream.generate(max_new_tokens=3, **GREEDY)
+    assert torch.equal(follow, greedy_without_cache(model, torch.cat([text, best], 1), 3)[:, 13:])
+
+
+def test_tokens_fed_are_all_run_even_when_they_repeat_the_stream():
+    """Pending tokens that begin by repeating everything the memory has seen are still new tokens of the stream:
+    generate()'s continuation idiom (which would skip such a repeat) is off for the stream's own calls."""
+    model = tiny_lm(mem_len=128)
+    with torch.no_grad():
+        model.adaptive_softmax.output_layers[0].bias[11] += 100.0  # greedy decoding repeats token 11
+    stream = TxlStream(model, segment_len=64).feed([11])
+    assert stream.generate(max_new_tokens=3, **GREEDY).tolist() == [[11, 11, 11]]  # ran 11 11 11; one pending
+    stream.feed([11, 11, 7, 8])  # pending 11 11 11 7 8: begins with exactly what the memory holds
+    stream.generate(max_new_tokens=2, **GREEDY)
+    whole = torch.tensor([[11, 11, 11, 11, 11, 11, 7, 8, 11]])  # everything run through the model
+    assert stream.memory.seen_tokens == whole.shape[1] == stream.tokens_seen - 1  # the last token is pending
+    with torch.no_grad():
+        expected = model(whole).past_key_values
+    torch.testing.assert_close(stream.memory.get_memory(1), expected.get_memory(1), rtol=0, atol=1e-5)
+
+
+def test_the_stream_leaves_the_model_in_the_mode_it_found():
+    model = tiny_lm(mem_len=16, dropout=0.1).train()
+    stream = TxlStream(model, segment_len=4).feed(ids(1, 9))
+    assert model.training
+    stream.generate(max_new_tokens=2, **GREEDY)
+    assert model.training
+
+
 def test_stream_errors_name_the_problem():
     stream = TxlStream(tiny_lm(), batch_size=2)
     with pytest.raises(ValueError, match="nothing to continue from"):

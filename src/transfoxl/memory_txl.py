@@ -11,7 +11,8 @@ This file imports torch and transformers alone: `save_pretrained` copies it into
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -312,6 +313,7 @@ class TxlMemory(Cache):
         # forward traced by torch.compile / torch.export does not count (a Python counter would be a guard that
         # changes every call, recompiling each time).
         self.seen_tokens: int | None = 0
+        self._input_is_new = False  # see `input_is_new`
 
     @classmethod
     def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
@@ -378,6 +380,20 @@ class TxlMemory(Cache):
                 input_ids = torch.full((batch, q_len), -1, dtype=torch.long, device=device)
             self._token_ids.append(input_ids.to(torch.long))
 
+    @contextlib.contextmanager
+    def input_is_new(self) -> Iterator[TxlMemory]:
+        """While active, `generate()` takes every token of its input as new to this memory, whatever it begins with
+        (no continuation idiom, `tokens_already_seen` is 0): for a caller that knows it passes only new tokens.
+
+            with memory.input_is_new():
+                model.generate(new_ids, past_key_values=memory, max_new_tokens=20)
+        """
+        previous, self._input_is_new = self._input_is_new, True
+        try:
+            yield self
+        finally:
+            self._input_is_new = previous
+
     def tokens_already_seen(self, input_ids: torch.Tensor) -> int:
         """How many leading tokens of `input_ids` `[B, L]` this memory has already run through the model.
 
@@ -385,11 +401,17 @@ class TxlMemory(Cache):
         whole sequence again, while this package's convention is to pass only tokens that are new to the memory.
         The two are told apart by the ids: when `input_ids` is longer than the `seen_tokens` of the stream and its
         tokens just before position `seen_tokens` are the ones the memory holds (all of them while the stream is
-        shorter than `mem_len`), the first `seen_tokens` are the memory's; 0 otherwise, and while `seen_tokens` is
-        unknown (None: after a compiled or exported forward, until `reset()`).
+        shorter than `mem_len`), the first `seen_tokens` are the memory's; 0 otherwise, while `seen_tokens` is
+        unknown (None: after a compiled or exported forward, until `reset()`), and inside `input_is_new()`.
         """
         seen, kept = self.seen_tokens, self._token_ids.value
-        if not seen or kept is None or input_ids.shape[1] <= seen or kept.shape[0] != input_ids.shape[0]:
+        if (
+            self._input_is_new
+            or not seen
+            or kept is None
+            or input_ids.shape[1] <= seen
+            or kept.shape[0] != input_ids.shape[0]
+        ):
             return 0
         count = min(kept.shape[1], seen)
         matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])

@@ -7,6 +7,7 @@ generate() returns. The stream keeps such tokens as `pending` and feeds them fir
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable, Iterator
 
@@ -28,7 +29,8 @@ class TxlStream:
         >>> more_ids = stream.generate(max_new_tokens=50)
 
     Memory stays bounded whatever the length fed or generated: the model's memory keeps `mem_len` positions and
-    at most `segment_len` tokens wait in `pending`. Feeding runs in `torch.no_grad()` with the model in eval mode.
+    at most `segment_len` tokens wait in `pending`. Feeding and generating run in `torch.no_grad()` with the model in
+    eval mode (then back in the mode it was in).
 
     Args:
         model: a `TxlForCausalLM`.
@@ -94,18 +96,20 @@ class TxlStream:
             self.feed(prompt)
         if self.pending.shape[1] == 0:
             raise ValueError("TxlStream.generate: nothing to continue from; feed at least one token first.")
-        if generate_kwargs.get("num_return_sequences", 1) != 1:
+        # What generate() will use: a keyword, else the generation_config passed, else the model's.
+        settings = generate_kwargs.get("generation_config") or self.model.generation_config
+        if generate_kwargs.get("num_return_sequences", getattr(settings, "num_return_sequences", 1) or 1) != 1:
             raise ValueError("TxlStream.generate returns one continuation per stream: num_return_sequences must be 1.")
         for name in ("input_ids", "past_key_values", "attention_mask"):
             if name in generate_kwargs:
                 raise ValueError(f"TxlStream.generate manages `{name}` itself; pass the prompt as `prompt`.")
-        self.model.eval()
-        in_place = generate_kwargs.get("num_beams", self.model.generation_config.num_beams or 1) == 1
+        in_place = generate_kwargs.get("num_beams", getattr(settings, "num_beams", 1) or 1) == 1
         # Beam search leaves the memory holding its running beams, so it works on a copy and the stream then feeds
         # the chosen tokens into its own memory.
         memory = self.memory if in_place else copy.deepcopy(self.memory)
         prompt_len = self.pending.shape[1]
-        output = self.model.generate(self.pending, past_key_values=memory, **generate_kwargs)
+        with self._eval_mode(), memory.input_is_new():  # the pending tokens are new, whatever they repeat
+            output = self.model.generate(self.pending, past_key_values=memory, **generate_kwargs)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         new_tokens = sequences[:, prompt_len:]
         if in_place:
@@ -117,13 +121,25 @@ class TxlStream:
 
     # -----------------------------------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """The model in eval mode (dropout off) for a call, then back in the mode it was in."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(training)
+
     @torch.no_grad()
     def _run_full_segments(self) -> None:
         """Run segments while more than `segment_len` tokens wait, keeping at least one back for generate()."""
-        self.model.eval()
-        while self.pending.shape[1] > self.segment_len:
-            segment, self.pending = self.pending[:, : self.segment_len], self.pending[:, self.segment_len :]
-            self.model(segment, past_key_values=self.memory, use_cache=True, return_logits=False)
+        if self.pending.shape[1] <= self.segment_len:
+            return
+        with self._eval_mode():
+            while self.pending.shape[1] > self.segment_len:
+                segment, self.pending = self.pending[:, : self.segment_len], self.pending[:, self.segment_len :]
+                self.model(segment, past_key_values=self.memory, use_cache=True, return_logits=False)
 
     def _chunks(self, tokens: torch.Tensor | Iterable) -> Iterator[torch.Tensor]:
         """`[batch_size, n]` long tensors on the model's device, from any of the accepted inputs."""
