@@ -287,6 +287,29 @@ def test_too_short_or_empty_data_is_refused_before_training(text_files, tmp_path
     empty.write_text("", encoding="utf-8")
     with pytest.raises(SystemExit, match="is empty"):
         run({**text_files, "train": empty}, tmp_path / "b", "--steps", "2")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"caf\xe9 au lait\n\xff\xfe\n")
+    with pytest.raises(SystemExit, match=r"binary.txt.*cannot be read \(UnicodeDecodeError: .*is it UTF-8 text\?"):
+        run({**text_files, "train": binary}, tmp_path / "c", "--steps", "2")
+    # None of them left a run behind: the same --output-dir takes the fixed command (here: the text files as given).
+    for folder in ("a", "b", "c"):
+        assert not (tmp_path / folder).exists()
+    run(text_files, tmp_path / "a", "--steps", "2")
+    assert (tmp_path / "a" / "metrics.json").is_file()
+
+
+def test_a_resumed_run_stopped_by_its_data_keeps_its_folder(text_files, tmp_path):
+    files = {split: tmp_path / f"{split}.txt" for split in text_files}
+    for split, path in files.items():
+        shutil.copy(text_files[split], path)
+    out = tmp_path / "run"
+    run(files, out, "--steps", "4", "--checkpoint-every", "2")
+    (out / "metrics.json").unlink()  # as if killed after its checkpoints: resumable
+    kept = sorted(path.relative_to(out) for path in out.rglob("*"))
+    files["train"].write_bytes(b"\xff\xfe not text\n")  # the same option, now unreadable
+    with pytest.raises(SystemExit, match="is it UTF-8 text"):
+        run(files, out, "--steps", "4", "--checkpoint-every", "2", "--resume")
+    assert sorted(path.relative_to(out) for path in out.rglob("*")) == kept
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -212,7 +212,7 @@ def load_corpus(
     Without a "validation" split, the last `validation_fraction` of the "train" rows (at least one row) becomes
     "validation" and the rest stays "train": a contiguous cut, not a random one, so both stay running text and the
     result is deterministic. Raises `FileNotFoundError` for a missing file, `ValueError` for an empty split, a missing
-    "train" split or "text" column, or a "train" split too small to cut.
+    "train" split or "text" column, a "train" split too small to cut, or a text file that is not UTF-8.
     """
     if text_files is not None and dataset_name is not None:
         raise ValueError("Pass either text_files or dataset_name, not both.")
@@ -236,7 +236,14 @@ def load_corpus(
                     f"text_files: split {split!r} is empty: {[str(path) for path in paths]} hold no text."
                 )
             data_files[split] = [str(path) for path in paths]
-        corpus = datasets.load_dataset("text", data_files=data_files, cache_dir=cache)
+        try:
+            corpus = datasets.load_dataset("text", data_files=data_files, cache_dir=cache)
+        except datasets.exceptions.DatasetGenerationError as error:
+            # datasets wraps the cause (a UnicodeDecodeError: bytes that are not UTF-8) in a message without it.
+            cause = error.__cause__ if error.__cause__ is not None else error
+            raise ValueError(
+                f"text_files {data_files}: cannot be read ({type(cause).__name__}: {cause}); is it UTF-8 text?"
+            ) from None
         source = f"text files {data_files}"
     elif dataset_name is not None:
         corpus = datasets.load_dataset(dataset_name, dataset_config, cache_dir=cache)

@@ -2,9 +2,10 @@
 
     state = start_processes(args)                        # one process, or DDP over CPUs (gloo) or GPUs (NCCL)
     run = open_run_folder(args, state, option_defaults)  # new, or resumed with the same weight-changing options
-    tokenizer, streams = load_data(args, state, run)     # trained on the training split once, or read back
-    config = model_config(args, len(tokenizer))          # a preset / --config, or the model to fine-tune
-    check_layouts(args, streams, state)                  # every split fits its batch before anything trains
+    with discarded_if_stopped(run, state):               # a new run stopped here leaves nothing behind
+        tokenizer, streams = load_data(args, state, run) # trained on the training split once, or read back
+        config = model_config(args, len(tokenizer))      # a preset / --config, or the model to fine-tune
+        check_layouts(args, streams, state)              # every split fits its batch before anything trains
     trainer = Trainer(args, config, run, tokenizer, streams)  # model, optimizer, schedule, Accelerator
     trainer.resume()                                     # from the newest complete checkpoint, if asked
     trainer.describe()
@@ -52,7 +53,7 @@ import shutil
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -78,7 +79,7 @@ from .evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
 from .modeling_txl import TxlForCausalLM, TxlMemory
 from .presets import PRESETS, config_from_preset
-from .runs import RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
+from .runs import TOKENIZER_FILES, RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
 from .streaming import TxlStream
 from .tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
 
@@ -88,6 +89,7 @@ __all__ = [
     "Trainer",
     "TrainingProgress",
     "check_layouts",
+    "discarded_if_stopped",
     "event_hooks",
     "load_data",
     "model_config",
@@ -203,6 +205,8 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
             print(f"WARNING: --resume: {run.path} holds no run (no train_args.json); starting a new run there.")
         args.resume = False  # from here on a new run: one notice, and train_args.json as a new run's
     state.wait_for_everyone()  # every process has looked before the main one writes
+    # What this process makes for a new run, taken back if the run stops before training (`discarded_if_stopped`).
+    run.made_now = [] if run.has_train_args() else [run.train_args_path] + ([] if run.path.exists() else [run.path])
     if state.is_main_process:
         run.path.mkdir(parents=True, exist_ok=True)
         run.remove_leftovers()
@@ -210,6 +214,24 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
             run.write_train_args(saved_args(args))
     state.wait_for_everyone()
     return run
+
+
+@contextlib.contextmanager
+def discarded_if_stopped(run: RunFolder, state: PartialState) -> Iterator[None]:
+    """Around the steps before training (data, tokenizer, layouts): if the run stops there (SystemExit), what a new
+    run made is taken back (train_args.json, its tokenizer, the folder if it made it and it is empty again), so the
+    same command runs again in the same --output-dir once its input is fixed. A resumed run keeps everything."""
+    try:
+        yield
+    except SystemExit:
+        if state.is_main_process:
+            for path in getattr(run, "made_now", []):
+                if path.is_dir():
+                    if not any(path.iterdir()):
+                        path.rmdir()
+                else:
+                    path.unlink(missing_ok=True)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -271,6 +293,8 @@ def load_data(
             else:
                 tokenizer = build_tokenizer(args, corpus["train"]["text"])
                 if state.is_main_process:
+                    if run.made_now:  # a new run's tokenizer goes with it if the run stops before training
+                        run.made_now[1:1] = [run.path / name for name in TOKENIZER_FILES]
                     save_pretrained_atomically(tokenizer, run.path)
             tokenized = tokenize_corpus(corpus, tokenizer, num_proc=args.num_proc, add_eos=args.add_eos)
         streams = {split: flatten_token_ids(dataset) for split, dataset in tokenized.items()}

@@ -318,12 +318,8 @@ def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str,
             source.cache_dir,
             validation_fraction=source.validation_fraction,
         )
-    except (OSError, ValueError, ModuleNotFoundError) as error:
+    except (OSError, ValueError, ModuleNotFoundError) as error:  # (a file that is not UTF-8: a ValueError)
         parser.error(f"cannot load {source.describe()}: {error}")
-    except datasets.exceptions.DatasetGenerationError as error:
-        # datasets wraps the real cause (e.g. a UnicodeDecodeError: a binary file) in a generic message.
-        cause = error.__cause__ if error.__cause__ is not None else error
-        parser.error(f"cannot read {source.describe()}: {type(cause).__name__}: {cause} (is it UTF-8 text?)")
     if split not in corpus:
         parser.error(f"--split {split}: {source.describe()} has no {split!r} split (splits: {', '.join(corpus)})")
     tokenized = tokenize_corpus(corpus[split], tokenizer, add_eos=source.add_eos)

@@ -518,9 +518,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     state = training.start_processes(args)
     run = training.open_run_folder(args, state, option_defaults())
-    tokenizer, streams = training.load_data(args, state, run)
-    config = training.model_config(args, len(tokenizer))
-    training.check_layouts(args, streams, state)
+    with training.discarded_if_stopped(run, state):  # a new run stopped by its data leaves nothing behind
+        tokenizer, streams = training.load_data(args, state, run)
+        config = training.model_config(args, len(tokenizer))
+        training.check_layouts(args, streams, state)
     trainer = training.Trainer(args, config, run, tokenizer, streams)
     trainer.resume()
     trainer.describe()
