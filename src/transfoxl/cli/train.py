@@ -81,11 +81,22 @@ INTEGER_BOUNDS = (
 # The parser
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" only where it informs: not to flags (a flag's default is its absence), not to a default of
+    None (filled in later, as the help says), not to a help that states its default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.nargs == 0 or action.default is None or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name("train.py"),
         description="Train a Transformer-XL language model (datasets + accelerate) and write a Hub-ready run folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     preset_help = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
 
