@@ -172,6 +172,7 @@ def test_errors_name_the_problem() -> None:
         ({"tgt_len": -1}, "tgt_len must be an integer >= 1"),
         ({"world_size": 0}, "world_size must be an integer >= 1"),
         ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\)"),
+        ({"rank": True, "world_size": 2}, r"rank must be in \[0, world_size=2\), got True"),
         ({"batch_size": 3, "world_size": 2}, "not a multiple of world_size"),
     ]:
         with pytest.raises(ValueError, match=message):

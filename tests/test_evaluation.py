@@ -207,6 +207,11 @@ def test_a_stream_batcher_is_read_from_its_start_and_left_where_it_was(lm: TxlFo
     assert from_batcher.nll_sum == pytest.approx(from_stream.nll_sum, rel=1e-6)
     with pytest.raises(ValueError, match="tgt_len 8"):
         evaluate_stream(lm, batcher, tgt_len=4, mem_len=16)
+    with pytest.raises(ValueError, match="The StreamBatcher has batch_size 2, evaluate_stream got 4"):
+        evaluate_stream(lm, batcher, tgt_len=8, mem_len=16, batch_size=4)  # its layout is not silently kept
+    with pytest.raises(ValueError, match="The StreamBatcher has world_size 1, evaluate_stream got 2"):
+        evaluate_stream(lm, batcher, tgt_len=8, mem_len=16, world_size=2)
+    assert evaluate_stream(lm, batcher, tgt_len=8, mem_len=16, batch_size=2).nll_sum == from_batcher.nll_sum
 
 
 @pytest.mark.parametrize("mem_len", [-1, 2.5, True, None])
@@ -242,7 +247,10 @@ def test_stream_evaluation_figures() -> None:
         "bits_per_token": pytest.approx(2.5 / math.log(2)),
     }
     empty = StreamEvaluation(nll_sum=0.0, num_targets=0, tgt_len=8, mem_len=4, clamp_len=-1, same_length=False)
-    assert math.isnan(empty.loss)
+    assert math.isnan(empty.loss) and math.isnan(empty.perplexity)  # no targets: no figure, not an infinite one
+    longer = StreamEvaluation(nll_sum=10.0, num_targets=8, tgt_len=8, mem_len=16, clamp_len=-1, same_length=False)
+    with pytest.raises(ValueError, match="other settings: mem_len 4 and 16"):
+        result.merge(longer)
     assert StreamEvaluation(8000.0, 10, 8, 4, -1, False).perplexity == math.inf  # exp(800) overflows a float
 
 

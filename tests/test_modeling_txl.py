@@ -141,6 +141,8 @@ def test_memory_is_detached_capped_and_holds_the_latest_layer_inputs():
         memory = output.past_key_values
         inputs_seen.append(output.hidden_states[:-1])
         assert memory.get_seq_length() == min(5 * (step + 1), 7)
+    with pytest.raises(IndexError, match="layer_idx 2 is not a layer of this memory's 2"):
+        memory.get_memory(2)
     for layer_idx in range(model.config.n_layer):
         stored = memory.get_memory(layer_idx)
         assert stored.shape == (2, 7, model.config.d_model) and not stored.requires_grad

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .checks_txl import require_integer
+from .checks_txl import is_integer, require_integer
 
 __all__ = ["StreamBatcher"]
 
@@ -59,7 +59,7 @@ class StreamBatcher:
     ) -> None:
         for name, value in (("batch_size", batch_size), ("tgt_len", tgt_len), ("world_size", world_size)):
             require_integer(value, name, minimum=1)
-        if not isinstance(rank, int) or not 0 <= rank < world_size:
+        if not is_integer(rank) or not 0 <= rank < world_size:  # (is_integer: not a bool)
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}.")
         if batch_size % world_size:
             raise ValueError(

@@ -267,7 +267,8 @@ def load_corpus(
         if rows - n_valid < 1:
             raise ValueError(
                 f"{source} has no 'validation' split and its 'train' split ({rows} rows) is too small to cut one "
-                f"off; pass a validation file (text_files={{'train': ..., 'validation': ...}})."
+                f"off; pass a validation file (scripts: --validation-file; load_corpus: "
+                f"text_files={{'train': ..., 'validation': ...}})."
             )
         train = corpus["train"]
         corpus["train"] = train.select(range(rows - n_valid))

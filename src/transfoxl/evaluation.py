@@ -52,14 +52,22 @@ class StreamEvaluation:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.loss) if self.loss < 700 else math.inf
+        return math.inf if self.loss >= 700 else math.exp(self.loss)  # (no targets: nan, as the loss)
 
     @property
     def bits_per_token(self) -> float:
         return self.loss / LN2
 
     def merge(self, other: StreamEvaluation) -> StreamEvaluation:
-        """The evaluation of both sets of targets (same settings)."""
+        """The evaluation of both sets of targets (same settings; ValueError naming those that differ)."""
+        settings = ("tgt_len", "mem_len", "clamp_len", "same_length")
+        differing = [name for name in settings if getattr(self, name) != getattr(other, name)]
+        if differing:
+            raise ValueError(
+                "StreamEvaluation.merge: the two evaluations were made with other settings: "
+                + ", ".join(f"{name} {getattr(self, name)!r} and {getattr(other, name)!r}" for name in differing)
+                + "; a merged loss would mean neither."
+            )
         return StreamEvaluation(
             self.nll_sum + other.nll_sum,
             self.num_targets + other.num_targets,
@@ -154,8 +162,13 @@ def evaluate_stream(
     device = next(model.parameters()).device
     if isinstance(stream, StreamBatcher):
         batcher = stream
-        if batcher.tgt_len != tgt_len:
-            raise ValueError(f"The StreamBatcher has tgt_len {batcher.tgt_len}, evaluate_stream got {tgt_len}.")
+        # Its own layout holds: a differing argument is refused, not ignored.
+        layout = {"tgt_len": tgt_len, "batch_size": batch_size, "rank": rank, "world_size": world_size}
+        defaults = {"batch_size": 1, "rank": 0, "world_size": 1}
+        for name, value in layout.items():
+            has = getattr(batcher, name)
+            if value != has and (name == "tgt_len" or value != defaults[name]):
+                raise ValueError(f"The StreamBatcher has {name} {has}, evaluate_stream got {value}.")
     else:
         batcher = StreamBatcher(stream, batch_size, tgt_len, rank=rank, world_size=world_size, device=device)
     # Once, before any segment: a bad id would otherwise stop the evaluation wherever it sits in the stream.

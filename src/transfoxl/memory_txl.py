@@ -343,6 +343,14 @@ class TxlMemory(Cache):
 
     def get_memory(self, layer_idx: int) -> torch.Tensor | None:
         """The memory entering layer `layer_idx`, `[B, M, E]`, or `None` while empty."""
+        if (
+            not isinstance(layer_idx, int)
+            or isinstance(layer_idx, bool)
+            or not -len(self.layers) <= layer_idx < len(self.layers)
+        ):
+            raise IndexError(
+                f"get_memory: layer_idx {layer_idx!r} is not a layer of this memory's {len(self.layers)}."
+            )
         return self.layers[layer_idx].hidden
 
     def update_padding(
