@@ -6,6 +6,7 @@ got (the argument checks are in `transfoxl/checks_txl.py`). A few inputs are acc
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 
 import pytest
@@ -197,6 +198,25 @@ def test_a_deep_copy_of_a_memory_continues_as_the_memory_would(mode):
     torch.testing.assert_close(first, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(again, first, rtol=0, atol=0)  # the first copy moved on; the original did not
     assert copied.get_seq_length() == 7 and memory.get_seq_length() == 5
+
+
+@pytest.mark.parametrize("cutoffs", [[], [30, 60]], ids=["softmax", "adaptive"])
+def test_a_float64_model_computes_in_float64_and_passes_gradcheck(cutoffs):
+    """model.to(torch.float64) computes every softmax in float64 (half precision in float32), so logits and loss are
+    float64 and torch.autograd.gradcheck holds through the memory, the attention and the (adaptive) softmax."""
+    torch.manual_seed(0)
+    config = tiny_config(n_layer=2, d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32, mem_len=4, cutoffs=cutoffs)
+    model = TxlForCausalLM(config).to(torch.float64).eval()
+    tokens = ids(1, 5, seed=3)
+    with torch.no_grad():
+        memory = model(ids(1, 4, seed=4)).past_key_values
+    assert model(tokens).logits.dtype == torch.float64 and model(tokens, labels=tokens).loss.dtype == torch.float64
+    embedded = model.get_input_embeddings()(tokens).detach().requires_grad_()
+
+    def log_probs(inputs_embeds):
+        return model(inputs_embeds=inputs_embeds, past_key_values=copy.deepcopy(memory)).logits
+
+    assert torch.autograd.gradcheck(log_probs, (embedded,), eps=1e-6, atol=1e-6)
 
 
 def test_mem_len_zero_keeps_no_memory():

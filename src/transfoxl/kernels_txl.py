@@ -42,6 +42,12 @@ def float32_cpu_training(*tensors: torch.Tensor) -> bool:
     )
 
 
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a softmax is computed in: float32 for half precision (bf16 keeps about 3 significant digits), the
+    input's own otherwise (a float64 model stays float64 throughout)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The relative shift as a view
 
@@ -245,7 +251,7 @@ def one_query_attention(
     scores = torch.baddbmm(position_scores, content_query, key.transpose(1, 2), beta=scaling, alpha=scaling)
     if mask is not None:  # [1, K] or [B, 1, 1, K]
         scores.view(batch, heads, 1, k_len).masked_fill_(mask, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (autocast: in float32, as eager)
+    probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(value.dtype)  # (as eager)
     output = torch.bmm(probs, value.reshape(batch * heads, k_len, head_dim))  # [B H, 1, D]
     return output.view(batch, heads, 1, head_dim)
 
@@ -301,7 +307,7 @@ def relative_attention_by_query_blocks(
         if scores.dtype == torch.float32:  # in place: one block-sized tensor fewer
             probs = torch._softmax(scores, -1, False, out=scores)
         else:  # (autocast) in float32, as eager attention
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+            probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(value.dtype)
         block_output = torch.bmm(probs, value[:, :visible])  # [B H, C, D]
         output[:, start:end] = block_output.view(batch, heads, rows, head_dim).transpose(1, 2)
     return output.transpose(1, 2)  # [B, H, Q, D]

@@ -78,6 +78,7 @@ from .kernels_txl import (
     relative_attention_by_query_blocks,
     relu_dropout,
     shifted_product,
+    softmax_dtype,
 )
 from .kernels_txl import dropout as kernel_dropout
 from .memory_txl import LayerMemory, TxlMemory, TxlMemoryLayer, is_txl_memory
@@ -180,7 +181,7 @@ def eager_relative_attention(
     scores = (content_score + position_score).mul_(scaling)  # in place: [B, H, Q, K] tensors are the big ones
     if mask is not None:
         scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
-    attn_weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    attn_weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(value.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=dropout > 0)
     return attn_weights @ value, attn_weights  # [B, H, Q, D], [B, H, Q, K]
 
@@ -636,9 +637,9 @@ class TxlOutputLayer(nn.Module):
 
 
 def _float_log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """Log-softmax over the last dimension in float32, whatever the model's or autocast's dtype (bf16 keeps about
-    3 significant digits: a loss or a sampling distribution would lose them)."""
-    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    """Log-softmax over the last dimension in float32 whatever the model's or autocast's half precision (bf16 keeps
+    about 3 significant digits: a loss or a sampling distribution would lose them); a float64 model's in float64."""
+    return torch.log_softmax(logits, dim=-1, dtype=softmax_dtype(logits.dtype))
 
 
 class TxlAdaptiveLogSoftmax(nn.Module):
