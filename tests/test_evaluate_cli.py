@@ -347,6 +347,14 @@ EVALUATE_CASES = [
         ),
     ),
     pytest.param(
+        ["--output", "{root}/short.txt/eval"],
+        ["--output", "short.txt is a file"],
+        id="output-inside-a-file",
+        marks=pytest.mark.reliability(
+            "evaluate.py", "--output inside a file", "exit 2 before evaluating (a NotADirectoryError trace after it)"
+        ),
+    ),
+    pytest.param(
         ["--test-file", "{root}/binary.txt"],
         ["binary.txt", "UnicodeDecodeError", "is it UTF-8 text?"],
         id="binary",

@@ -405,3 +405,6 @@ def test_train_tokenizer_script_refuses_a_file_as_output(scripts, model_dir, cap
         str(model_dir.parent / "ok.txt"),
     ]
     expect_cli_error(record_property, scripts["train_tokenizer"].main, argv, capsys, "exists and is not a folder")
+    inside_a_file = str(model_dir.parent / "ok.txt" / "tokenizer")  # refused before training, not when writing
+    argv[-1] = inside_a_file
+    expect_cli_error(record_property, scripts["train_tokenizer"].main, argv, capsys, "ok.txt is a file")

@@ -233,6 +233,7 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--cutoffs", "a,b"], "--cutoffs 'a,b': expected comma-separated integers"),
         (["--warmup-steps", "50"], "--warmup-steps 50: expected at most --steps 20"),
         (["--train-file", "/no/such/file.txt"], "--train-file /no/such/file.txt: expected an existing text file"),
+        (["--output-dir", __file__ + "/run"], f"--output-dir {__file__}/run: expected a folder ({__file__} is a file)"),
         (["--tokenizer", "no such/tok/folder"], "--tokenizer no such/tok/folder: expected one of char, word, bpe"),
         (["--tokenizer", "chars"], "--tokenizer chars: expected one of char, word, bpe (did you mean char?)"),
         (["--tokenizer", "BPE"], "--tokenizer BPE: expected one of char, word, bpe (did you mean bpe?)"),

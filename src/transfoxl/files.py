@@ -25,6 +25,18 @@ __all__ = [
 ]
 
 
+def folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why `path` cannot be (or become) a folder, or None: it, or a folder it would be made in, is a file. Checked
+    before work that ends by writing there."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if candidate.is_dir():
+                return None
+            return f"{candidate} exists and is not a folder" if candidate == path else f"{candidate} is a file"
+    return None
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Flush a folder's entries (renames, new files) to disk, where the platform allows it."""
     with contextlib.suppress(OSError):  # not every platform / file system lets a folder be opened for fsync

@@ -59,7 +59,7 @@ from transformers.utils import logging as transformers_logging
 from .. import TxlConfig, TxlForCausalLM
 from ..data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
 from ..evaluation import StreamEvaluation, evaluate_stream, is_character_level
-from ..files import write_bytes_atomically, write_json_atomically, write_text_atomically
+from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
 from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
 from .options import DEFAULT_VALIDATION_FRACTION, add_corpus_options, program_name
 
@@ -172,8 +172,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         for path in getattr(args, f"{split}_file"):
             if not Path(path).is_file():
                 parser.error(f"--{split}-file {path}: no such file")
-    if args.output is not None and args.output.exists() and not args.output.is_dir():
-        parser.error(f"--output {args.output} exists and is not a folder")
+    if args.output is not None and (problem := folder_problem(args.output)):
+        parser.error(f"--output {args.output}: {problem}")
 
 
 def resolve_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:

@@ -40,6 +40,7 @@ from .. import training
 from ..checkpoints import is_hub_repo_id
 from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
+from ..files import folder_problem
 from ..presets import PRESETS
 from .options import add_corpus_options, program_name
 
@@ -431,8 +432,8 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
                 )
     if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
         fail(parser, "mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")
-    if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
-        fail(parser, "output_dir", args.output_dir, "a folder")
+    if args.output_dir is not None and (problem := folder_problem(args.output_dir)):
+        fail(parser, "output_dir", args.output_dir, f"a folder ({problem})")
     if args.resume and args.output_dir is None:
         parser.error("--resume needs the --output-dir of the run to continue")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..files import folder_problem
 from ..tokenization import save_atomically, train_byte_level_bpe, train_char_level, train_word_level
 from .options import program_name
 
@@ -74,8 +75,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--min-freq must be >= 1 (the fewest occurrences a kept symbol has), got {args.min_freq}")
     if args.lower_case and args.kind != "word":
         parser.error(f"--lower-case applies to --kind word only, not {args.kind}")
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} exists and is not a folder")
+    if problem := folder_problem(args.out):
+        parser.error(f"--out {args.out}: {problem}")
 
 
 def train(kind: str, lines: Iterable[str], *, vocab_size: int | None, min_freq: int | None, lower_case: bool):
