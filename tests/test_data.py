@@ -360,6 +360,14 @@ def test_load_corpus_from_text_files(tmp_path: Path) -> None:
     one_line.write_text("only\n", encoding="utf-8")
     with pytest.raises(ValueError, match="too small to cut one off"):
         load_corpus(one_line, cache_dir=tmp_path / "cache")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\t\n\n", encoding="utf-8")  # a tokenizer trained on it would know no character
+    with pytest.raises(ValueError, match=r"split 'validation' holds only blank lines \(4 rows\): no text"):
+        load_corpus({"train": train, "validation": blank}, cache_dir=tmp_path / "cache")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00 not text\n")
+    with pytest.raises(ValueError, match=r"binary.txt.*cannot be read \(UnicodeDecodeError: .*is it UTF-8 text\?"):
+        load_corpus({"train": binary}, cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="not both"):
         load_corpus(train, dataset_name="Salesforce/wikitext")
     with pytest.raises(ValueError, match="needs a dataset_name"):

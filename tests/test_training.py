@@ -33,6 +33,7 @@ from transfoxl.presets import PRESETS, config_from_preset
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 ROOT = Path(__file__).resolve().parents[1]
+THIS_FILE = __file__  # a file, for options that need a folder
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,10 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--cutoffs", "a,b"], "--cutoffs 'a,b': expected comma-separated integers"),
         (["--warmup-steps", "50"], "--warmup-steps 50: expected at most --steps 20"),
         (["--train-file", "/no/such/file.txt"], "--train-file /no/such/file.txt: expected an existing text file"),
-        (["--output-dir", __file__ + "/run"], f"--output-dir {__file__}/run: expected a folder ({__file__} is a file)"),
+        (
+            ["--output-dir", f"{THIS_FILE}/run"],
+            f"--output-dir {THIS_FILE}/run: expected a folder ({THIS_FILE} is a file)",
+        ),
         (["--tokenizer", "no such/tok/folder"], "--tokenizer no such/tok/folder: expected one of char, word, bpe"),
         (["--tokenizer", "chars"], "--tokenizer chars: expected one of char, word, bpe (did you mean char?)"),
         (["--tokenizer", "BPE"], "--tokenizer BPE: expected one of char, word, bpe (did you mean bpe?)"),

@@ -191,6 +191,11 @@ def builtin_corpus(cache_dir: str | os.PathLike[str] | None = None) -> datasets.
 # Loading a corpus
 
 
+def _has_text(dataset: datasets.Dataset) -> bool:
+    """Whether a row of the "text" column holds more than whitespace (read in batches; stops at the first)."""
+    return any(any(line.strip() for line in batch["text"]) for batch in dataset.iter(batch_size=4096))
+
+
 def load_corpus(
     text_files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any] | None = None,
     dataset_name: str | None = None,
@@ -212,7 +217,8 @@ def load_corpus(
     Without a "validation" split, the last `validation_fraction` of the "train" rows (at least one row) becomes
     "validation" and the rest stays "train": a contiguous cut, not a random one, so both stay running text and the
     result is deterministic. Raises `FileNotFoundError` for a missing file, `ValueError` for an empty split, a missing
-    "train" split or "text" column, a "train" split too small to cut, or a text file that is not UTF-8.
+    "train" split or "text" column, a split of blank lines only, a "train" split too small to cut, or a text file
+    that is not UTF-8.
     """
     if text_files is not None and dataset_name is not None:
         raise ValueError("Pass either text_files or dataset_name, not both.")
@@ -259,6 +265,8 @@ def load_corpus(
             raise ValueError(f"{source}: split {split!r} has no 'text' column (columns: {dataset.column_names}).")
         if dataset.num_rows == 0:
             raise ValueError(f"{source}: split {split!r} is empty (0 rows).")
+        if not _has_text(dataset):
+            raise ValueError(f"{source}: split {split!r} holds only blank lines ({dataset.num_rows} rows): no text.")
     if "validation" not in corpus:
         if not 0 < validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}.")
