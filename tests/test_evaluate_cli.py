@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,10 +161,15 @@ def test_defaults_from_the_config_and_train_args(
     assert (model_dir / "eval" / "eval-validation.png").is_file()
 
 
-def test_batch_size_max_tokens_and_eval_overrides(evaluate: ModuleType, run: Run, tmp_path: Path) -> None:
+def test_batch_size_max_tokens_and_eval_overrides(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = [str(run.model_dir), "--split", "validation", "--batch-size", "2", "--max-tokens", "101", "--mem-len", "4"]
     argv += ["--clamp-len", "3", "--same-length", "--output", str(tmp_path), *run.data_args()]
     assert evaluate.main(argv) == 0
+    assert "replacing" not in capsys.readouterr().out
+    assert evaluate.main(argv) == 0  # again: the report it replaces is named (publish.py uploads the folder)
+    assert "replacing the earlier report (101 tokens)" in capsys.readouterr().out
     (row,) = json.loads((tmp_path / "eval-validation.json").read_text(encoding="utf-8"))["rows"]
     stream = token_stream(run.model_dir, run.texts["validation"])
     model = AutoModelForCausalLM.from_pretrained(run.model_dir)
@@ -236,6 +242,18 @@ def test_option_errors_name_the_option(
     err = capsys.readouterr().err
     for fragment in expected:
         assert fragment in err, (fragment, err)
+
+
+def test_text_mostly_outside_the_vocabulary_is_evaluated_with_a_warning(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    foreign = tmp_path / "foreign.txt"
+    foreign.write_text("αβγδ εζηθ\n" * 40, encoding="utf-8")  # letters the character tokenizer never saw
+    argv = [str(run.model_dir), "--test-file", str(foreign), "--output", str(tmp_path / "eval"), "--no-progress"]
+    assert evaluate.main([*argv, "--cache-dir", str(run.cache_dir)]) == 0
+    assert re.search(r"warning: \d+\.\d% of these tokens are <unk>", capsys.readouterr().out)
+    assert evaluate.main([str(run.model_dir), "--output", str(tmp_path / "own"), *run.data_args()]) == 0
+    assert "warning" not in capsys.readouterr().out  # the model's own kind of text
 
 
 def test_data_errors(evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

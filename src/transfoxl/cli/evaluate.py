@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import io
+import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -300,6 +301,9 @@ def resolve_data_source(
     return DataSource(text_files, dataset_name, dataset_config, fraction, cache_dir, add_eos, origin)
 
 
+UNKNOWN_SHARE_WARNING = 0.05  # above this share of <unk> tokens, evaluate.py warns that the figures say little
+
+
 def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str, tokenizer: Any) -> torch.Tensor:
     """The token ids of `split`, `[N]` int64: load_corpus, then tokenize_corpus (cached by datasets), flattened."""
     text_files = source.text_files
@@ -467,6 +471,13 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         f"data: split {args.split!r} of {source.describe()}: {stream.numel():,} tokens"
         + (f" of {split_tokens:,}" if stream.numel() < split_tokens else "")
     )
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    unknown_share = float((stream == unknown).float().mean()) if unknown is not None and stream.numel() else 0.0
+    if unknown_share > UNKNOWN_SHARE_WARNING:  # the figures would mostly measure how well <unk> is predicted
+        print(
+            f"warning: {unknown_share:.1%} of these tokens are {tokenizer.unk_token} (outside the tokenizer's "
+            f"vocabulary): the {unit} below says little about the text; is it the kind of text the model learned?"
+        )
     print(
         f"settings: tgt_len {settings.tgt_len}, batch size {args.batch_size}, clamp_len {settings.clamp_len}, "
         f"same_length {settings.same_length}, memory lengths {settings.mem_lens}; {device}, {args.dtype}"
@@ -573,6 +584,7 @@ def write_reports(
         "versions": {name: _version(name) for name in ("transfoxl", "torch", "transformers")},
     }
     stem = f"eval-{args.split}"
+    replaced = _earlier_report(output / f"{stem}.json")
     write_json_atomically(output / f"{stem}.json", report)
     unit_note = "bpc = bits per character" if character_level else "bits/token = loss / ln 2"
     num_tokens = data["num_tokens"]
@@ -585,7 +597,18 @@ def write_reports(
     write_text_atomically(output / f"{stem}.md", markdown)
     title = f"{model_dir.name}: {args.split} split, {num_tokens:,} tokens, segments of {settings.tgt_len}"
     write_bytes_atomically(output / f"{stem}.png", plot_png(rows, unit, title))
-    print(f"\nwrote {stem}.json, {stem}.md and {stem}.png to {output}")
+    print(f"\nwrote {stem}.json, {stem}.md and {stem}.png to {output}{replaced}")
+
+
+def _earlier_report(path: Path) -> str:
+    """What writing `path` replaces, said (publish.py uploads the eval folder as it is), or "" for a new file."""
+    if not path.exists():
+        return ""
+    try:
+        tokens = json.loads(path.read_text(encoding="utf-8"))["data"]["num_tokens"]
+        return f", replacing the earlier report ({tokens:,} tokens)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ", replacing an earlier report"
 
 
 if __name__ == "__main__":
