@@ -303,6 +303,22 @@ def test_too_short_or_empty_data_is_refused_before_training(text_files, tmp_path
     assert (tmp_path / "a" / "metrics.json").is_file()
 
 
+def test_resume_with_only_the_output_dir_continues_the_run_as_it_was_started(text_files, tmp_path, capsys):
+    """`--output-dir R --resume` (the README's command) takes the run's own options from train_args.json; an option
+    given again must still match, and one that changes the training is refused, named."""
+    out = tmp_path / "run"
+    run(text_files, out, "--steps", "4", "--checkpoint-every", "2", "--tgt-len", "12", "--lr", "2e-3")
+    finished = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    (out / "metrics.json").unlink()  # as if killed after its last checkpoint
+    assert train_cli.main(["--output-dir", str(out), "--resume", "--no-progress"]) == 0
+    assert f"resumed from {out / 'checkpoints' / 'step-00000004'}" in capsys.readouterr().out
+    resumed = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    assert resumed["evaluation"] == finished["evaluation"]  # the same run: data, tgt_len 12, lr, steps
+    (out / "metrics.json").unlink()
+    with pytest.raises(SystemExit, match=r"--tgt-len: the run has 12, now 16"):
+        train_cli.main(["--output-dir", str(out), "--resume", "--tgt-len", "16", "--no-progress"])
+
+
 def test_a_resumed_run_stopped_by_its_data_keeps_its_folder(text_files, tmp_path):
     files = {split: tmp_path / f"{split}.txt" for split in text_files}
     for split, path in files.items():

@@ -42,6 +42,7 @@ from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
 from ..presets import PRESETS
+from ..runs import TRAIN_ARGS, RunFolderError, read_json_object
 from .options import add_corpus_options, program_name
 
 DEFAULT_PRESET = "char-small"
@@ -267,7 +268,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     fill_defaults(args, model_config)
     check_values(parser, args)
     check_data_and_output(parser, args, given)
+    if args.resume and args.output_dir is not None:
+        take_the_runs_options(parser, args, argv)
     return args
+
+
+def take_the_runs_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
+) -> None:
+    """`--resume`: the options not on the command line are the run's own (its train_args.json), so that
+    `--output-dir R --resume` continues R as it was started. Those given are kept and compared with the run's when it
+    resumes (`training.check_resumable`: the ones that change the training must be the same)."""
+    train_args = Path(args.output_dir) / TRAIN_ARGS
+    if not train_args.is_file():
+        return  # no run there yet: a new one starts (training.open_run_folder says so)
+    try:
+        saved = read_json_object(train_args)
+    except RunFolderError as error:
+        parser.error(f"--resume: {error}")
+    probe = build_parser()  # the same options, none with a default: what it returns is what was given
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    given = set(vars(probe.parse_args(argv)))
+    for key, value in saved.items():
+        if key not in given and hasattr(args, key):
+            setattr(args, key, value)
 
 
 def fail(parser: argparse.ArgumentParser, option: str, value: Any, expected: str) -> None:
