@@ -303,6 +303,17 @@ def test_too_short_or_empty_data_is_refused_before_training(text_files, tmp_path
     assert (tmp_path / "a" / "metrics.json").is_file()
 
 
+def test_a_refusal_under_two_processes_is_said_once(text_files, tmp_path):
+    """Every process stops; only the main one prints why (two copies, or two interleaved on one line, before)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
+    command += [str(free_port()), str(ROOT / "scripts" / "train.py"), *data_options(text_files), "--preset", "tiny"]
+    command += ["--output-dir", str(tmp_path / "run"), "--no-progress", "--batch-size", "3", "--steps", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert result.stderr.count("--batch-size 3 must be a multiple of processes") == 1, result.stderr[-3000:]
+
+
 def test_resume_with_only_the_output_dir_continues_the_run_as_it_was_started(text_files, tmp_path, capsys):
     """`--output-dir R --resume` (the README's command) takes the run's own options from train_args.json; an option
     given again must still match, and one that changes the training is refused, named."""

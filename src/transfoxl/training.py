@@ -766,6 +766,14 @@ class Trainer:
             load_memories(self.memories, latest, self.rank, self.batcher.local_batch_size, accelerator.device)
             self.progress = TrainingProgress.from_trainer_state(trainer_state)
             accelerator.print(f"resumed from {latest} (step {self.progress.step} of {args.steps})")
+            saved_world_size = trainer_state.get("world_size", self.world_size)
+            dropout = max(self.config.dropout, self.config.dropatt)
+            if saved_world_size != self.world_size and dropout > 0:
+                accelerator.print(
+                    f"note: the run had {saved_world_size} process(es), it goes on with {self.world_size}: the data "
+                    f"and memories continue as they were, but each process draws its own dropout masks (dropout "
+                    f"{dropout:g}), so the weights will differ from those of an uninterrupted run"
+                )
         elif args.resume and run.is_finished():
             raise SystemExit(
                 f"--resume: {run.path} holds a finished run (metrics.json) and no checkpoint to continue from; its "

@@ -554,19 +554,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
     state = training.start_processes(args)
-    run = training.open_run_folder(args, state, option_defaults())
-    with training.discarded_if_stopped(run, state):  # a new run stopped by its data leaves nothing behind
-        tokenizer, streams = training.load_data(args, state, run)
-        config = training.model_config(args, len(tokenizer))
-        training.check_layouts(args, streams, state)
-    trainer = training.Trainer(args, config, run, tokenizer, streams)
-    trainer.resume()
-    trainer.describe()
-    trainer.train()
-    trainer.save_model()
-    results = trainer.evaluate_final()
-    trainer.write_results(results, started)
-    trainer.finish()
+    try:
+        run = training.open_run_folder(args, state, option_defaults())
+        with training.discarded_if_stopped(run, state):  # a new run stopped by its data leaves nothing behind
+            tokenizer, streams = training.load_data(args, state, run)
+            config = training.model_config(args, len(tokenizer))
+            training.check_layouts(args, streams, state)
+        trainer = training.Trainer(args, config, run, tokenizer, streams)
+        trainer.resume()
+        trainer.describe()
+        trainer.train()
+        trainer.save_model()
+        results = trainer.evaluate_final()
+        trainer.write_results(results, started)
+        trainer.finish()
+    except SystemExit as stop:
+        if isinstance(stop.code, str) and not state.is_main_process:  # every process stops; one says why
+            raise SystemExit(1) from None
+        raise
     return 0
 
 
