@@ -472,7 +472,7 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         + (f" of {split_tokens:,}" if stream.numel() < split_tokens else "")
     )
     unknown = getattr(tokenizer, "unk_token_id", None)
-    unknown_share = float((stream == unknown).float().mean()) if unknown is not None and stream.numel() else 0.0
+    unknown_share = int((stream == unknown).sum()) / stream.numel() if unknown is not None and stream.numel() else 0.0
     if unknown_share > UNKNOWN_SHARE_WARNING:  # the figures would mostly measure how well <unk> is predicted
         print(
             f"warning: {unknown_share:.1%} of these tokens are {tokenizer.unk_token} (outside the tokenizer's "
