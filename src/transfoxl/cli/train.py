@@ -290,6 +290,7 @@ def take_the_runs_options(
     for action in probe._actions:
         action.default = argparse.SUPPRESS
     given = set(vars(probe.parse_args(argv)))
+    given.add("progress")  # this terminal's, not the run's: --no-progress has no opposite to turn bars back on
     for key, value in saved.items():
         if key not in given and hasattr(args, key):
             setattr(args, key, value)
