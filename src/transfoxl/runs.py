@@ -116,6 +116,10 @@ class RunFolder:
         self.curves_path = self.path / CURVES
         self.checkpoints_dir = self.path / CHECKPOINTS
         self.eval_dir = self.path / EVAL
+        # Set by training when a run starts here: a new run (no train_args.json before it), and whether it made the
+        # folder; `discard_new_run` reads them.
+        self.new_run = False
+        self.made_folder = False
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -220,6 +224,16 @@ class RunFolder:
         ]
 
     # -- upkeep
+
+    def discard_new_run(self) -> None:
+        """Take back what a new run wrote before it stopped (train_args.json, its tokenizer, the folder if the run made
+        it and nothing is left in it): the folder held nothing visible when the run started (`is_empty`)."""
+        if not self.new_run:
+            return
+        for path in (self.train_args_path, *(self.path / name for name in TOKENIZER_FILES)):
+            path.unlink(missing_ok=True)
+        if self.made_folder and self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()
 
     def remove_leftovers(self) -> None:
         """Delete what a killed process left half-written: hidden staging folders, trash, temporary files."""

@@ -79,7 +79,7 @@ from .evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
 from .modeling_txl import TxlForCausalLM, TxlMemory
 from .presets import PRESETS, config_from_preset
-from .runs import TOKENIZER_FILES, RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
+from .runs import RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
 from .streaming import TxlStream
 from .tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
 
@@ -205,8 +205,7 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
             print(f"WARNING: --resume: {run.path} holds no run (no train_args.json); starting a new run there.")
         args.resume = False  # from here on a new run: one notice, and train_args.json as a new run's
     state.wait_for_everyone()  # every process has looked before the main one writes
-    # What this process makes for a new run, taken back if the run stops before training (`discarded_if_stopped`).
-    run.made_now = [] if run.has_train_args() else [run.train_args_path] + ([] if run.path.exists() else [run.path])
+    run.new_run, run.made_folder = not run.has_train_args(), not run.path.exists()  # (for `discarded_if_stopped`)
     if state.is_main_process:
         run.path.mkdir(parents=True, exist_ok=True)
         run.remove_leftovers()
@@ -225,12 +224,7 @@ def discarded_if_stopped(run: RunFolder, state: PartialState) -> Iterator[None]:
         yield
     except SystemExit:
         if state.is_main_process:
-            for path in getattr(run, "made_now", []):
-                if path.is_dir():
-                    if not any(path.iterdir()):
-                        path.rmdir()
-                else:
-                    path.unlink(missing_ok=True)
+            run.discard_new_run()
         raise
 
 
@@ -293,8 +287,6 @@ def load_data(
             else:
                 tokenizer = build_tokenizer(args, corpus["train"]["text"])
                 if state.is_main_process:
-                    if run.made_now:  # a new run's tokenizer goes with it if the run stops before training
-                        run.made_now[1:1] = [run.path / name for name in TOKENIZER_FILES]
                     save_pretrained_atomically(tokenizer, run.path)
             tokenized = tokenize_corpus(corpus, tokenizer, num_proc=args.num_proc, add_eos=args.add_eos)
         streams = {split: flatten_token_ids(dataset) for split, dataset in tokenized.items()}
