@@ -62,8 +62,19 @@ def speed_results(config_name: str = "mid", *, with_v4: bool = True) -> dict:
     }
 
 
+def one_thread_results() -> dict:
+    """decode-1thread.json: bench_decode's mid part at batch 1 with one thread, no wt103 part."""
+    mid = {"1": {"ratio": {"step_ms": 0.7, "prefill_s": 0.92}}}
+    return {"setup": {}, "machine": {"torch_threads": 1}, "mid": {"config_name": "mid", "summary": mid}, "wall_s": 50}
+
+
 def all_results() -> dict:
-    return {"speed": speed_results(), "speed-wt103": speed_results("wt103"), "decode": decode_results()}
+    return {
+        "speed": speed_results(),
+        "speed-wt103": speed_results("wt103"),
+        "decode": decode_results(),
+        "decode-1thread": one_thread_results(),
+    }
 
 
 def by_label(rows: list[dict]) -> dict[str, dict]:
@@ -77,6 +88,8 @@ def test_every_row_from_the_parts_results() -> None:
         "mid decode step, transfoxl / GPT-2, batch 8": (0.8, True),
         "mid prefill, transfoxl / GPT-2, batch 1": (0.95, True),
         "mid prefill, transfoxl / GPT-2, batch 8": (1.25, False),
+        "mid decode step, transfoxl / GPT-2, batch 1, one torch thread": (0.7, None),
+        "mid prefill, transfoxl / GPT-2, batch 1, one torch thread": (0.92, None),
         "wt103 decode step / bandwidth floor": (1.1, True),
         "wt103 decode step / bandwidth floor at the best bandwidth of the process": (1.3, None),
         "wt103 prefill / compute floor": (1.4, False),
@@ -108,6 +121,8 @@ def test_every_row_from_the_parts_results() -> None:
     assert "| mid evaluation, speed-up over transformers 4.37.2 | 2.40x | >= 2.50x | **no** |" in table
     assert "| wt103 end to end, speed-up over transformers 4.37.2 | 4.00x | none (measured) | - |" in table
     assert "| wt103 training, tokens/s | 40 tokens/s | none (measured) | - |" in table
+    assert "| mid prefill, transfoxl / GPT-2, batch 1, one torch thread | 0.92x | none (measured) | - |" in table
+    assert "| decode-1thread | decode-1thread.json (now, 50 s) | ran (1 s) | mid | 1 |" in table
     assert "7 of 11 measured goals with a target hold; 0 rows not run." in table
     assert "2026-01-01 00:00 UTC, `python tools/benchmark.py`" in table and "AMD EPYC, 2 cores" in table
     assert "| not run |" not in table and "Quick mode" not in table
@@ -127,7 +142,7 @@ def test_parts_not_run_give_not_run() -> None:
     context = {"date": "today", "command": "python tools/benchmark.py --summary-only", "machine": machine()}
     table = benchmark.markdown(nothing, sources, context)
     assert "| wt103 prefill / compute floor | not run | <= 1.30x | not run |" in table
-    assert "0 of 0 measured goals with a target hold; 19 rows not run." in table
+    assert "0 of 0 measured goals with a target hold; 21 rows not run." in table
     assert "| speed-wt103 | speed-wt103.json | not run | - | - |" in table
     assert benchmark.plot_png(nothing, "nothing").startswith(b"\x89PNG")
 
@@ -191,12 +206,18 @@ def test_options_and_the_parts_commands(tmp_path: Path) -> None:
         out,
     ]
     assert commands["decode"] == [sys.executable, str(benchmark.TOOLS / "bench_decode.py"), "--out", out]
+    one_thread = commands["decode-1thread"]
+    assert one_thread[one_thread.index("--threads") + 1] == "1" and "--skip-wt103" in one_thread
+    assert one_thread[one_thread.index("--batch-sizes") + 1] == "1"
+    assert one_thread[one_thread.index("--stem") + 1] == "decode-1thread"
 
     args = benchmark.parse_args(["--only", "decode", "--only", "speed", "--skip-v4", "--threads", "1"])
     assert args.parts == ["speed", "decode"]  # in the usual order
     for part in args.parts:
         assert benchmark.part_command(part, args)[-3:] == ["--threads", "1", "--skip-v4"]
     assert benchmark.parse_args(["--summary-only"]).parts == []
+    # --threads goes to every part but the one whose thread count is what it measures
+    assert benchmark.part_command("decode-1thread", args).count("--threads") == 1
 
     quick = benchmark.parse_args(["--quick", "--out", str(tmp_path), "--threads", "1"])
     speed = benchmark.part_command("speed", quick)

@@ -1,4 +1,4 @@
-"""Issue 17's benchmarks in one command: the three runs, then one table of the issue's goals (measured, target, holds).
+"""Issue 17's benchmarks in one command: the four runs, then one table of the issue's goals (measured, target, holds).
 
 The parts, each run as its own process of this interpreter (each tool starts and measures its own workers):
 
@@ -7,15 +7,19 @@ The parts, each run as its own process of this interpreter (each tool starts and
 - `speed-wt103`: `tools/bench_speed.py --config wt103 --stem speed-wt103`, training and evaluation of the
   WikiText-103 model against 4.37.2, at the small shapes that tool chooses for it (`speed-wt103.{json,md,png}`);
 - `decode`: `tools/bench_decode.py`, the mid configuration's prefill and decode step against GPT-2 and the wt103
-  model's against the machine's floors and against 4.37.2 (`decode.{json,md,png}`, `decode.profile.md`).
+  model's against the machine's floors and against 4.37.2 (`decode.{json,md,png}`, `decode.profile.md`);
+- `decode-1thread`: `tools/bench_decode.py --skip-wt103 --batch-sizes 1 --threads 1`, the mid part's batch 1
+  again with one torch thread (`decode-1thread.{json,md,png}`), rows without a target: what each model costs per
+  thread, apart from the phases in which this shared machine slows a second thread's many short parallel regions
+  (docs/performance.md). `--threads` does not apply to it.
 
-Then it reads the three JSON files from `--out` and writes `summary.md` (the goals: measured value, target, whether
+Then it reads the four JSON files from `--out` and writes `summary.md` (the goals: measured value, target, whether
 it holds; the date, the machine, the command, and where each figure comes from) and `summary.png` (the ratios against
 their targets). A part not run by this command (`--only`, `--summary-only`) is read from the file an earlier run left,
 whose date the summary shows; a part without a file, or whose tool failed in this command, gives "not run". The
 exit code is 1 when a tool failed (the summary is written all the same).
 
-    python tools/benchmark.py                       # all three parts, into benchmarks/
+    python tools/benchmark.py                       # all four parts, into benchmarks/
     python tools/benchmark.py --skip-v4 --threads 1  # no transformers 4.37.2, one torch thread in every part
     python tools/benchmark.py --only decode          # one part; the summary reads the other files as they are
     python tools/benchmark.py --summary-only         # only the summary, from the files in --out
@@ -44,13 +48,17 @@ else:  # run as a file, `python tools/benchmark.py`: its folder is the first ent
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = Path(__file__).resolve().parent
-PARTS = ("speed", "speed-wt103", "decode")  # also the stems of their JSON files
+PARTS = ("speed", "speed-wt103", "decode", "decode-1thread")  # also the stems of their JSON files
+ONE_THREAD_PART = "decode-1thread"  # its thread count is what it measures: --threads is not passed on
 
 # The tool and its options for each part; --out, --threads and --skip-v4 are added by `part_command`.
+ONE_THREAD_ARGS = ["--skip-wt103", "--skip-profile", "--batch-sizes", "1", "--threads", "1"]
+ONE_THREAD_ARGS += ["--stem", "decode-1thread"]
 FULL_ARGS = {
     "speed": ["bench_speed.py"],
     "speed-wt103": ["bench_speed.py", "--config", "wt103", "--stem", "speed-wt103"],
     "decode": ["bench_decode.py"],
+    "decode-1thread": ["bench_decode.py", *ONE_THREAD_ARGS],
 }
 # --quick: each tool's smallest run (tiny models, one run, the fewest steps), never transformers 4.37.2.
 TINY_SPEED = ["--runs", "1", "--warmup-steps", "1", "--train-steps", "1", "--eval-segments", "1", "--skip-v4"]
@@ -58,6 +66,7 @@ QUICK_ARGS = {
     "speed": ["bench_speed.py", "--config", "tiny", "--skip-vanilla", *TINY_SPEED],
     "speed-wt103": ["bench_speed.py", "--config", "tiny_wt103", "--stem", "speed-wt103", *TINY_SPEED],
     "decode": ["bench_decode.py", "--quick"],
+    "decode-1thread": ["bench_decode.py", "--quick", *ONE_THREAD_ARGS],
 }
 
 
@@ -65,7 +74,7 @@ def part_command(part: str, args: argparse.Namespace) -> list[str]:
     """The command line of one part, run with this interpreter."""
     script, *options = (QUICK_ARGS if args.quick else FULL_ARGS)[part]
     command = [sys.executable, str(TOOLS / script), *options, "--out", str(args.out)]
-    if args.threads is not None:
+    if args.threads is not None and part != ONE_THREAD_PART:
         command += ["--threads", str(args.threads)]
     if args.skip_v4 and not args.quick:  # --quick runs no v4 already
         command.append("--skip-v4")
@@ -129,6 +138,17 @@ def goals(decode: Mapping[str, Any] | None) -> list[Goal]:
                     note="generate(), medians over runs",
                 )
             )
+    for name, what in (("step_ms", "decode step"), ("prefill_s", "prefill")):
+        rows.append(
+            Goal(
+                f"mid {what}, transfoxl / GPT-2, batch 1, one torch thread",
+                ONE_THREAD_PART,
+                f"mid.summary.1.ratio.{name}",
+                lambda data, name=name: dig(data, "mid", "summary", "1", "ratio", name),
+                "ratio",
+                note="as the row with a target, with torch.set_num_threads(1): the cost per thread",
+            )
+        )
     rows += [
         Goal(
             "wt103 decode step / bandwidth floor",
@@ -328,7 +348,7 @@ def source_line(part: str, source: Mapping[str, Any]) -> str:
     if data is None:
         return f"| {part} | {name} | {status} | - | - |"
     setup, machine = data.get("setup", {}), data.get("machine", {})
-    if part == "decode":
+    if part.startswith("decode"):
         names = [dig(data, section, "config_name") for section in ("mid", "wt103")]
         config = ", ".join(name for name in names if name) or "-"
     else:
@@ -368,7 +388,8 @@ def markdown(rows: list[dict[str, Any]], sources: Mapping[str, Mapping[str, Any]
         f"{sum(row['holds'] for row in measured)} of {len(measured)} measured goals with a target hold; "
         f"{sum(row['value'] is None for row in rows)} rows not run.",
         "",
-        "Sources (the details, each part's own table: `speed.md`, `speed-wt103.md`, `decode.md`):",
+        "Sources (the details, each part's own table: `speed.md`, `speed-wt103.md`, `decode.md`, "
+        "`decode-1thread.md`):",
         "",
         "| part | file (written) | this command | configuration | torch threads |",
         "|---|---|---|---|---|",
@@ -476,11 +497,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         action="append",
         choices=PARTS,
-        help="run this part (repeatable; default: all three); the summary reads the others' existing files",
+        help="run this part (repeatable; default: all four); the summary reads the others' existing files",
     )
     parser.add_argument("--summary-only", action="store_true", help="run nothing: the summary of the files in --out")
     parser.add_argument("--skip-v4", action="store_true", help="passed to every part: no transformers 4.37.2")
-    parser.add_argument("--threads", type=int, help="torch threads, passed to every part (default: each tool's)")
+    parser.add_argument(
+        "--threads", type=int, help=f"torch threads, passed to every part but {ONE_THREAD_PART} (default: each tool's)"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
