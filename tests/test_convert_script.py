@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 import tests.test_legacy_parity as parity
 from tests.utils import SYSTEM, RunsCommand, reliability, write_bin
 from transfoxl import TxlConfig, TxlForCausalLM, conversion
-from transfoxl.cli import convert
+from transfoxl.cli import convert, publish
 from transfoxl.tokenization import tokenizer_from_legacy_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,14 @@ TOKENIZER_REFERENCE = json.loads((TOKENIZER_FIXTURES / "reference.json").read_te
 NAMES = sorted(path.name for path in LEGACY.iterdir() if path.is_dir())
 # The code files save_pretrained copies: the model and config modules and the modules they import relatively.
 CODE_FILES = {path.name for path in (ROOT / "src" / "transfoxl").glob("*_txl.py")}
-MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "README.md", *CODE_FILES}
+MODEL_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "README.md",
+    "conversion.json",
+    *CODE_FILES,
+}
 # The comparisons of tests/test_legacy_parity.py, each called with (model, reference).
 PARITY_CHECKS = (
     parity.test_segments_with_memory,
@@ -285,6 +292,58 @@ def test_hub_snapshot_folder_given_as_a_path_is_named_by_repo_and_commit(tmp_pat
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"[`someorg/tiny-transfo-xl`](https://huggingface.co/someorg/tiny-transfo-xl) (revision `{COMMIT}`)" in card
     assert str(tmp_path) not in card
+
+
+def test_a_converted_folder_is_published_with_its_conversion_card(tmp_path: Path, capsys) -> None:
+    """publish.py on a folder made by convert.py renders the conversion card again for the Hub id (where the model came
+    from, the verification, memory_init), from the conversion.json written beside the model, and takes the source's
+    licence unless --license is given; a conversion.json edited into nonsense is refused by name."""
+    snapshot = hub_cache(tmp_path) / "hub" / "models--someorg--tiny-transfo-xl" / "snapshots" / COMMIT
+    (snapshot / "vocab.pkl").write_bytes(small_vocab_pickle(100))  # publishing needs a tokenizer
+    out = tmp_path / "out"
+    assert convert.main([str(snapshot), str(out)]) == 0
+    record = json.loads((out / "conversion.json").read_text())
+    assert record["source_license"] == "mit" and record["source_weight_files"] == ["model.safetensors"]
+    assert record["parameters"] > 0 and "max |difference|" in record["verification"]
+    capsys.readouterr()
+
+    dry = tmp_path / "dry"
+    assert publish.main([str(out), "--repo-id", "me/tiny-txl", "--dry-run", "--dry-run-dir", str(dry)]) == 0
+    assert "licence: mit, the converted checkpoint's own" in capsys.readouterr().out
+    card = (dry / "README.md").read_text()
+    front_matter = card.split("---\n")[1]
+    assert "license: mit" in front_matter and "- custom_code" in front_matter
+    assert "Converted from [`someorg/tiny-transfo-xl`](https://huggingface.co/someorg/tiny-transfo-xl)" in card
+    assert 'memory_init: "zeros"' in card and "max |difference| of log-probabilities" in card
+    assert 'repo_id = "me/tiny-txl"\n' in card  # the Hub id, without the converted folder's comment
+    assert "Saved with transfoxl" not in card and str(tmp_path) not in card
+    # v4's config records no training segment (tgt_len): the card does not call mem_len one
+    assert "the segment the model reads at a time" in card and "training segment" not in card
+    assert json.loads((dry / "conversion.json").read_text()) == record  # published with the model
+
+    assert (
+        publish.main(
+            [
+                str(out),
+                "--repo-id",
+                "me/tiny-txl",
+                "--license",
+                "apache-2.0",
+                "--dry-run",
+                "--dry-run-dir",
+                str(tmp_path / "dry2"),
+            ]
+        )
+        == 0
+    )
+    assert "license: apache-2.0" in (tmp_path / "dry2" / "README.md").read_text().split("---\n")[1]
+
+    (out / "conversion.json").write_text(json.dumps({**record, "parameters": "many"}))
+    with pytest.raises(SystemExit) as raised:
+        publish.main([str(out), "--repo-id", "me/tiny-txl", "--dry-run", "--dry-run-dir", str(tmp_path / "dry3")])
+    assert raised.value.code == 2
+    assert "conversion.json: 'parameters' must be int or null, got 'many'" in capsys.readouterr().err
+    assert not (tmp_path / "dry3").exists()
 
 
 def test_hub_repo_id_offline_and_not_cached(tmp_path: Path, monkeypatch, capsys) -> None:

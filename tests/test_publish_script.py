@@ -169,6 +169,22 @@ def test_dry_run_default_folder_lists_the_files_and_never_overwrites(run_dir, ca
     assert not [path for path in run_dir.parent.iterdir() if path.name.startswith(".staging")]
 
 
+def test_a_readme_in_the_run_folder_is_named_as_not_published(run_dir, tmp_path, capsys):
+    """The repository's README.md is the generated card: a README.md the user wrote in RUN_DIR is not published, and
+    publish.py says so instead of dropping it silently."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "hub-dry-run"))
+    (run / "README.md").write_text("# my own notes\n")
+    assert publish.main([str(run), "--repo-id", REPO_ID, "--dry-run", "--dry-run-dir", str(tmp_path / "dry")]) == 0
+    assert (
+        f"WARNING: {run / 'README.md'} is not published: the repository's README.md is the generated model card"
+        in (capsys.readouterr().out)
+    )
+    card = (tmp_path / "dry" / "README.md").read_text()
+    assert "# my own notes" not in card
+    assert re.search(r"reaches past the \d+-token training segment\.", card)  # train.py's config records tgt_len
+
+
 def test_model_card_metadata_and_model_index_match_metrics(run_dir, hub_folder):
     readme = (hub_folder / "README.md").read_text(encoding="utf-8")
     metadata = front_matter(readme)

@@ -56,8 +56,8 @@ from .checkpoints import (
     weight_files,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
-from .files import fsync_dir, fsync_tree, write_text_atomically
-from .model_card import card_for_conversion
+from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
+from .model_card import CONVERSION_RECORD, card_for_conversion, conversion_record
 from .modeling_txl import TxlForCausalLM
 from .tokenization import LegacyVocabError, save_atomically, tokenizer_from_legacy_vocab
 from .tokenization.legacy_vocab import find_legacy_vocab_file
@@ -347,7 +347,7 @@ def converted_files() -> set[str]:
         for module in (configuration_txl, modeling_txl)
         for path in [module.__file__, *get_relative_import_files(module.__file__)]
     }
-    model = {"config.json", "generation_config.json", "model.safetensors", "README.md"}
+    model = {"config.json", "generation_config.json", "model.safetensors", "README.md", CONVERSION_RECORD}
     return model | code | {"tokenizer.json", "tokenizer_config.json"}
 
 
@@ -448,18 +448,24 @@ def convert(
             verification = verify(source.folder, staging, segments=verify_segments)
             if not verification.passed:
                 raise VerificationFailed(f"the converted model differs from the legacy one: {verification.summary()}")
-        card = card_for_conversion(
+        record = conversion_record(
             title=source.name.split("/")[-1],
             source=source.describe(),
-            out_name=out.name,
-            config=TxlConfig.from_legacy(legacy_config).to_dict(),
             parameters=parameters,
             weight_files=[path.name for path in weights],
-            code_files=sorted(path.name for path in staging.glob("*.py")),
             tokenizer_note=tokenizer_note if tokenizer is not None else None,
             verification=verification.summary() if verification is not None else None,
-            license_id=source_license(source.folder),
+            source_license=source_license(source.folder),
             version=__version__,
+        )
+        write_json_atomically(staging / CONVERSION_RECORD, record)  # publish.py renders the card again from it
+        card = card_for_conversion(
+            record,
+            repo_id=out.name,
+            config=TxlConfig.from_legacy(legacy_config).to_dict(),
+            code_files=sorted(path.name for path in staging.glob("*.py")),
+            license_id=record["source_license"],
+            local=True,
         )
         write_text_atomically(staging / "README.md", str(card))
         file_mode = staging.stat().st_mode & 0o666  # transformers writes model.safetensors as 0600

@@ -42,7 +42,7 @@ from transformers.dynamic_module_utils import get_relative_imports
 
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
-from .model_card import card_for_run
+from .model_card import CONVERSION_RECORD, card_for_conversion, card_for_run
 from .runs import TEXT_FILE_OPTIONS, RunFolder, RunFolderError, read_json_object
 
 try:  # get_token raises it when HF_OIDC_RESOURCE is set and the exchange fails (Trusted Publishers, huggingface_hub 2)
@@ -101,7 +101,13 @@ class Publication:
     metrics: dict[str, Any] | None = None
     train_args: dict[str, Any] | None = None
     eval_reports: dict[str, Any] = field(default_factory=dict)  # "eval/eval-test.json" -> its content
+    conversion: dict[str, Any] | None = None  # conversion.json of a folder made by scripts/convert.py
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def source_license(self) -> str | None:
+        """The licence a converted checkpoint's source declared (None: not a conversion, or none declared)."""
+        return None if self.conversion is None else self.conversion.get("source_license")
 
     @property
     def path(self) -> Path:
@@ -132,9 +138,17 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
     add_tokenizer(publication)
 
     publication.metrics = run.metrics
-    if publication.metrics is None:
-        publication.warnings.append("no metrics.json: the model card has no results")
     publication.train_args = run.train_args
+    record_path = run.path / CONVERSION_RECORD
+    if record_path.is_file() and publication.train_args is None:  # a folder made by scripts/convert.py
+        publication.conversion = read_conversion_record(record_path)
+        publication.files[CONVERSION_RECORD] = record_path
+    elif publication.metrics is None:
+        publication.warnings.append("no metrics.json: the model card has no results")
+    if (run.path / "README.md").is_file() and publication.conversion is None:
+        publication.warnings.append(
+            f"{run.path / 'README.md'} is not published: the repository's README.md is the generated model card"
+        )
     if run.curves_path.is_file():
         publication.files[run.curves_path.name] = run.curves_path
     for path in run.eval_files(EVAL_SUFFIXES):
@@ -143,6 +157,31 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
         if path.suffix == ".json":
             publication.eval_reports[name] = read_json_object(path)
     return publication
+
+
+# conversion.json's fields and their types (`model_card.conversion_record`); None is allowed for each.
+CONVERSION_FIELDS = {
+    "title": str,
+    "source": str,
+    "source_weight_files": list,
+    "source_license": str,
+    "parameters": int,
+    "tokenizer": str,
+    "verification": str,
+    "converted_by": str,
+}
+
+
+def read_conversion_record(path: Path) -> dict[str, Any]:
+    """conversion.json, checked: the card is rendered from it (`RunFolderError` naming a field of the wrong type)."""
+    record = read_json_object(path)
+    for name, kind in CONVERSION_FIELDS.items():
+        value = record.get(name)
+        wrong = value is not None and (not isinstance(value, kind) or isinstance(value, bool))
+        if wrong or (kind is list and value is not None and not all(isinstance(item, str) for item in value)):
+            expected = "a list of file names" if kind is list else f"{kind.__name__} or null"
+            raise RunFolderError(f"{path}: {name!r} must be {expected}, got {value!r}; convert the model again")
+    return {name: record.get(name) for name in CONVERSION_FIELDS}
 
 
 def check_model_config(path: Path, config: dict[str, Any]) -> None:
@@ -357,7 +396,18 @@ def check_no_local_paths(folder: Path, paths: set[str]) -> None:
 
 
 def run_card(publication: Publication, repo_id: str, license_id: str, datasets: list[str] | None) -> ModelCard:
-    """README.md: YAML metadata (with a model-index of metrics.json's results) and the card's text."""
+    """README.md: YAML metadata (with a model-index of metrics.json's results) and the card's text; for a folder made
+    by scripts/convert.py, its conversion card (where the model came from, the verification) for `repo_id`."""
+    if publication.conversion is not None:
+        return card_for_conversion(
+            publication.conversion,
+            repo_id=repo_id,
+            config=publication.config,
+            code_files=sorted(name for name in publication.files if name.endswith(".py")),
+            license_id=license_id,
+            datasets=datasets,
+            local=False,
+        )
     return card_for_run(
         repo_id=repo_id,
         license_id=license_id,

@@ -26,6 +26,8 @@ __all__ = ["PAPER", "TAGS", "DataSource", "card_for_conversion", "card_for_run",
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 TAGS = ["transformer-xl", "txl", "text-generation", "custom_code"]
+# Beside a converted model: where it came from (`conversion_record`), for the card publish.py writes.
+CONVERSION_RECORD = "conversion.json"
 PAPER = "https://arxiv.org/abs/1901.02860"
 ROMAN_NUMERALS = {"ii", "iii", "iv", "vi", "viii"}
 # The run's options shown in the card's training section (all of them are in training_args.json): (label, key), the
@@ -270,6 +272,8 @@ def training_values(
 
 def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int | None, **values: Any) -> ModelCard:
     """The template rendered with the values both cards share (from `config`) and the card's own `values`."""
+    # The training segment, where the config records it (a converted v4 config may not): else the memory's length,
+    # a sensible segment to read a text in, which the card then does not call the training segment.
     segment_len = int(config.get("tgt_len") or config.get("mem_len") or 128)
     shared = {
         "paper": PAPER,
@@ -277,6 +281,7 @@ def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int 
         "d_model": config.get("d_model"),
         "size": f", {parameters / 1e6:.2f}M parameters" if parameters else "",
         "segment_len": segment_len,
+        "training_segment_known": bool(config.get("tgt_len")),
         "train_mem_len": int(config.get("mem_len") or 0),
         "eval_mem_len": None,
         "repo_id_comment": "",
@@ -354,42 +359,71 @@ def card_for_run(
     )
 
 
-def card_for_conversion(
+def conversion_record(
     *,
     title: str,
     source: str,
-    out_name: str,
-    config: dict[str, Any],
     parameters: int,
     weight_files: Sequence[str],
-    code_files: Sequence[str],
     tokenizer_note: str | None,
     verification: str | None,
-    license_id: str | None,
+    source_license: str | None,
     version: str,
+) -> dict[str, Any]:
+    """What a conversion card says about where the model came from: written by `scripts/convert.py` as
+    `conversion.json` beside the model, so that publishing the folder later renders the same card for its Hub id.
+    `source` is Markdown without a local path; `tokenizer_note` None without a tokenizer; `verification` the
+    comparison's summary (None: not verified)."""
+    return {
+        "title": title,
+        "source": source,
+        "source_weight_files": list(weight_files),
+        "source_license": source_license,
+        "parameters": parameters,
+        "tokenizer": tokenizer_note,
+        "verification": verification,
+        "converted_by": f"transfoxl {version}",
+    }
+
+
+def card_for_conversion(
+    record: dict[str, Any],
+    *,
+    repo_id: str,
+    config: dict[str, Any],
+    code_files: Sequence[str],
+    license_id: str | None,
+    local: bool,
+    datasets: list[str] | None = None,
 ) -> ModelCard:
-    """The card of a converted v4 checkpoint: `source` says where it came from (Markdown, no local path),
-    `tokenizer_note` is None without a tokenizer, `verification` the comparison's summary (None: not verified)."""
+    """The card of a converted v4 checkpoint from its `conversion_record`: `repo_id` is the folder's name (`local`,
+    right after the conversion) or its Hub id (publishing)."""
     card_data = ModelCardData(
-        library_name="transformers", pipeline_tag="text-generation", license=license_id, tags=list(TAGS)
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        license=license_id,
+        tags=list(TAGS),
+        datasets=datasets or None,
     )
+    converted_by = record.get("converted_by") or "transfoxl"
     return render(
         card_data,
         config,
-        parameters=parameters,
-        title=f"{title} (Transformer-XL for transformers v5)",
+        parameters=record.get("parameters"),
+        title=f"{record.get('title') or repo_id.split('/')[-1]} (Transformer-XL for transformers v5)",
         origin=(
-            f'Converted from {source}, a transformers-v4 checkpoint (`model_type: "transfo-xl"`, read from '
-            f"{code_list(weight_files)}), by `scripts/convert.py` of `transfoxl` {version}, a Transformer-XL for "
-            "Hugging Face transformers v5 (`model_type: txl`). transformers v5 no longer ships Transformer-XL."
+            f'Converted from {record.get("source") or "an unnamed source"}, a transformers-v4 checkpoint '
+            f'(`model_type: "transfo-xl"`, read from {code_list(record.get("source_weight_files") or [])}), by '
+            f"`scripts/convert.py` of `{converted_by}`, a Transformer-XL for Hugging Face transformers v5 "
+            "(`model_type: txl`). transformers v5 no longer ships Transformer-XL."
         ),
         code_files=code_list(code_files),
-        repo_id=out_name,
-        repo_id_comment="  # this folder, or its Hub repo id",
-        has_tokenizer=tokenizer_note is not None,
+        repo_id=repo_id,
+        repo_id_comment="  # this folder, or its Hub repo id" if local else "",
+        has_tokenizer=record.get("tokenizer") is not None,
         conversion={
             "memory_init": config.get("memory_init"),
-            "verification": verification,
-            "tokenizer_note": tokenizer_note,
+            "verification": record.get("verification"),
+            "tokenizer_note": record.get("tokenizer"),
         },
     )

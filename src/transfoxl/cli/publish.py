@@ -45,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hub_options.add_argument("--token", default=None, help="a write token (default: HF_TOKEN, else `hf auth login`'s)")
     card = parser.add_argument_group("model card")
-    card.add_argument("--license", default=DEFAULT_LICENSE, help="a Hub licence id, e.g. mit (default: %(default)s)")
+    card.add_argument(
+        "--license",
+        default=None,
+        help=f"a Hub licence id, e.g. mit (default: a converted checkpoint's own, else {DEFAULT_LICENSE})",
+    )
     card.add_argument(
         "--dataset",
         nargs="+",
@@ -75,7 +79,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentPars
             validate_repo_id(name)
         except HFValidationError as error:
             parser.error(f"--dataset {name!r}: expected a Hub dataset id such as Salesforce/wikitext ({error})")
-    if not LICENSE_ID.match(args.license):
+    if args.license is not None and not LICENSE_ID.match(args.license):
         parser.error(f"--license {args.license!r}: expected a Hub licence id such as mit, apache-2.0 or other")
     if args.dry_run_dir is not None and not args.dry_run:
         parser.error("--dry-run-dir needs --dry-run")
@@ -84,6 +88,20 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentPars
     if args.commit_message is not None and not args.commit_message.strip():
         parser.error("--commit-message: expected a message (leave the option out for the default one)")
     return parser, args
+
+
+def choose_license(given: str | None, publication: hub.Publication) -> str:
+    """--license, else the licence a converted checkpoint's source declared (said), else the default."""
+    if given is not None:
+        return given
+    declared = publication.source_license
+    if declared is not None and LICENSE_ID.match(declared):
+        print(f"licence: {declared}, the converted checkpoint's own (--license to choose another)")
+        return declared
+    if publication.conversion is not None:
+        declares = "no licence" if declared is None else f"the licence {declared!r}, not a Hub licence id"
+        print(f"WARNING: the converted checkpoint declares {declares}: {DEFAULT_LICENSE} (--license to choose)")
+    return DEFAULT_LICENSE
 
 
 def human_size(size: float) -> str:
@@ -109,9 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     for warning in publication.warnings:
         print(f"WARNING: {warning}")
+    license_id = choose_license(args.license, publication)
 
     def build(folder: Path, *, link: bool = False) -> None:
-        hub.write_hub_folder(publication, folder, args.repo_id, args.license, args.dataset, link=link)
+        hub.write_hub_folder(publication, folder, args.repo_id, license_id, args.dataset, link=link)
 
     target = f"{args.repo_id} (revision {args.revision or 'main'}{', pull request' if args.create_pr else ''})"
     try:
