@@ -184,6 +184,11 @@ def test_a_readme_in_the_run_folder_is_named_as_not_published(run_dir, tmp_path,
     assert "# my own notes" not in card
     assert re.search(r"reaches past the \d+-token training segment\.", card)  # train.py's config records tgt_len
 
+    # the card of a folder converted before conversion.json existed: say how to keep it
+    (run / "README.md").write_text("Converted from `x` by `scripts/convert.py` of `transfoxl`\n")
+    assert publish.main([str(run), "--repo-id", REPO_ID, "--dry-run", "--dry-run-dir", str(tmp_path / "dry2")]) == 0
+    assert "convert the checkpoint again with this version to publish its conversion card" in capsys.readouterr().out
+
 
 def test_model_card_metadata_and_model_index_match_metrics(run_dir, hub_folder):
     readme = (hub_folder / "README.md").read_text(encoding="utf-8")
@@ -723,6 +728,24 @@ def test_publish_refuses_an_invalid_config(scripts, model_copy, capsys, record_p
         "is not a valid Transformer-XL config",
         "`mem_len` must be an integer >= 0, got -1",
     )
+
+
+@pytest.mark.reliability(
+    "publish.py",
+    "a converted folder whose conversion.json was edited (parameters: 'many')",
+    "exit 2 naming the file and the field (the card is rendered from it)",
+)
+@pytest.mark.usefixtures("one_thread")
+def test_publish_refuses_a_conversion_record_of_the_wrong_type(scripts, model_copy, capsys, record_property) -> None:
+    (model_copy / "conversion.json").write_text(json.dumps({"title": "tiny", "parameters": "many"}))
+    expect_cli_error(
+        record_property,
+        scripts["publish"].main,
+        publish_argv(model_copy),
+        capsys,
+        "conversion.json: 'parameters' must be int or null, got 'many'; convert the model again",
+    )
+    assert not (model_copy.parent / "dry").exists()
 
 
 @pytest.mark.reliability(

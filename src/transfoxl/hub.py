@@ -145,10 +145,12 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
         publication.files[CONVERSION_RECORD] = record_path
     elif publication.metrics is None:
         publication.warnings.append("no metrics.json: the model card has no results")
-    if (run.path / "README.md").is_file() and publication.conversion is None:
-        publication.warnings.append(
-            f"{run.path / 'README.md'} is not published: the repository's README.md is the generated model card"
-        )
+    readme = run.path / "README.md"
+    if readme.is_file() and publication.conversion is None:
+        warning = f"{readme} is not published: the repository's README.md is the generated model card"
+        if "scripts/convert.py" in readme.read_text(encoding="utf-8", errors="replace"):
+            warning += "; convert the checkpoint again with this version to publish its conversion card"
+        publication.warnings.append(warning)
     if run.curves_path.is_file():
         publication.files[run.curves_path.name] = run.curves_path
     for path in run.eval_files(EVAL_SUFFIXES):
