@@ -731,12 +731,12 @@ FORWARD_CASES = [
     ),
     case(
         "model input",
-        "num_items_in_batch=0",
-        "ValueError: > 0 (no inf/nan loss)",
+        "num_items_in_batch=-1",
+        "ValueError: >= 0 (0 is Trainer's count for a batch without targets)",
         ValueError,
-        r"num_items_in_batch must be > 0 .* got 0",
-        lambda lm: lm(ids(), labels=ids(), num_items_in_batch=0),
-        "num-items-zero",
+        r"num_items_in_batch must be >= 0 .* got -1",
+        lambda lm: lm(ids(), labels=ids(), num_items_in_batch=-1),
+        "num-items-negative",
     ),
     case(
         "model input",

@@ -83,6 +83,41 @@ def test_trainer_evaluation_reports_the_models_loss_and_gives_logits_to_metrics(
     assert received["metrics"] == (8, 12, model.config.vocab_size)  # logits alone, not the per-token losses
 
 
+@pytest.mark.parametrize("count", [0, torch.tensor(0)])
+def test_a_batch_without_targets_gives_a_nan_loss_and_zero_gradients(count):
+    """Trainer passes num_items_in_batch=0 for a batch (or accumulation window) without targets: transformers' causal
+    LMs return a nan loss there, and their gradients are 0, not nan (GPT-2 checked the same)."""
+    model = tiny_lm().train()
+    ids = random_ids(2, 5)
+    output = model(ids, labels=torch.full_like(ids, -100), num_items_in_batch=count)
+    assert math.isnan(output.loss.item())
+    output.loss.backward()
+    gradients = [parameter.grad for parameter in model.parameters() if parameter.grad is not None]
+    assert gradients and all(bool((gradient == 0).all()) for gradient in gradients)
+    # a count of targets still divides the summed loss
+    model.zero_grad()
+    counted = model(ids, labels=ids, num_items_in_batch=torch.tensor(3)).loss
+    torch.testing.assert_close(counted, model(ids, labels=ids).losses.sum() / 3)
+
+
+def test_trainer_evaluates_and_trains_on_rows_without_targets(tmp_path, one_thread):
+    """A 1-token row (its only position predicts nothing) in a batch of its own: Trainer's count is 0 there. Training
+    goes on with finite weights, and the evaluation's loss is the other batches' mean, as GPT-2's are."""
+    rows = [[5, 6, 7, 8], [9], [10, 11, 12]]
+    dataset = Dataset.from_list([{"input_ids": row, "labels": row} for row in rows])
+    model = tiny_lm()
+    args = trainer_arguments(tmp_path, per_device_train_batch_size=1, per_device_eval_batch_size=1, max_steps=3)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset)
+    result = trainer.train()
+    assert math.isfinite(result.training_loss)  # Trainer filters the nan step out of its logged loss
+    assert all(bool(parameter.isfinite().all()) for parameter in model.parameters())
+    metrics = trainer.evaluate()
+    model.eval()
+    with torch.no_grad():
+        losses = [model(torch.tensor([row]), labels=torch.tensor([row])).loss.item() for row in (rows[0], rows[2])]
+    assert metrics["eval_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)  # the batch without targets left out
+
+
 def test_trainer_keeps_the_best_model_by_eval_loss(tmp_path, one_thread):
     model = tiny_lm().train()
     args = trainer_arguments(

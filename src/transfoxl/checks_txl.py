@@ -182,13 +182,14 @@ def check_targets(targets: torch.Tensor, vocab_size: int, *, allow_all_ignored: 
 
 
 def check_num_items(num_items_in_batch: Any) -> None:
-    """A count of 0 (or less) would turn the loss into inf or nan; checked when it is on the host."""
+    """A negative count is nobody's count of targets; checked when it is on the host. 0 is allowed: Trainer passes it
+    for a batch (or an accumulation window) without targets, which transformers' causal LMs answer with a nan loss."""
     count = num_items_in_batch
     if isinstance(count, torch.Tensor) and count.numel() == 1 and count.device.type == "cpu":
         count = count.item()
-    if isinstance(count, (int, float)) and not count > 0:
+    if isinstance(count, (int, float)) and not count >= 0:
         raise ValueError(
-            f"num_items_in_batch must be > 0 (the number of targets the summed loss is divided by), got "
+            f"num_items_in_batch must be >= 0 (the number of targets the summed loss is divided by), got "
             f"{num_items_in_batch!r}."
         )
 

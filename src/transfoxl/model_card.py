@@ -412,7 +412,7 @@ def card_for_conversion(
         parameters=record.get("parameters"),
         title=f"{record.get('title') or repo_id.split('/')[-1]} (Transformer-XL for transformers v5)",
         origin=(
-            f'Converted from {record.get("source") or "an unnamed source"}, a transformers-v4 checkpoint '
+            f"Converted from {record.get('source') or 'an unnamed source'}, a transformers-v4 checkpoint "
             f'(`model_type: "transfo-xl"`, read from {code_list(record.get("source_weight_files") or [])}), by '
             f"`scripts/convert.py` of `{converted_by}`, a Transformer-XL for Hugging Face transformers v5 "
             "(`model_type: txl`). transformers v5 no longer ships Transformer-XL."

@@ -1186,7 +1186,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                 loss keywords of transformers' causal LMs, so that Trainer's label detection sees only `labels`.
             num_items_in_batch (`int`, *optional*, keyword):
                 Divide the summed loss by this instead of the number of targets (gradient accumulation; Trainer
-                passes it).
+                passes it). 0 (no target in the batch or accumulation window) gives a nan loss with gradients of 0.
         """
         shift_labels = kwargs.pop("shift_labels", None)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
@@ -1255,7 +1255,11 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         losses: torch.Tensor, targets: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
     ) -> torch.Tensor:
         if num_items_in_batch is not None:
-            return losses.sum() / num_items_in_batch
+            # A count of 0 (Trainer's for a batch or accumulation window without targets) gives a nan loss, as
+            # transformers' causal LMs do, but gradients of 0: dividing by it would make them nan, and the step too.
+            count = torch.as_tensor(num_items_in_batch, device=losses.device)
+            total = losses.sum()
+            return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
         return losses.sum() / (targets != -100).sum()
 
     # generate() support: the memory replaces the KV cache. Conventions (see README, "Generation with memories"):
