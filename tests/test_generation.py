@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, tiny_lm
 from transfoxl import TxlForCausalLM, TxlMemory
+from transfoxl.tokenization import build_word_level_tokenizer
 
 VARIANTS = {
     "post_ln": {},
@@ -227,6 +228,19 @@ def test_streamers_and_the_text_generation_pipeline():
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     output = generator("w5 w17 w60 w33", max_new_tokens=5, return_full_text=False, **GREEDY)
     assert output[0]["generated_text"].split() == [word for word in new_words.split() if word != "<eos>"]
+
+
+def test_the_word_level_tokenizer_leaves_a_prompt_open_in_the_pipeline():
+    """A prompt is not a finished line: the package's word-level tokenizer appends no <eos> to it (v4's encode and
+    GPT-2's tokenizer append nothing either), so the pipeline continues the prompt's line; a newline is still <eos>."""
+    tokenizer = build_word_level_tokenizer(["<eos>", "<unk>", *(f"w{index}" for index in range(2, 97))])
+    assert tokenizer("w5 w17 w60").input_ids == [5, 17, 60]
+    assert tokenizer("w5\nw17\n").input_ids == [5, 0, 17, 0]
+    model = tiny_lm(mem_len=32)
+    expected = model.generate(torch.tensor([[5, 17, 60]]), max_new_tokens=4, **GREEDY)[0, 3:]
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    output = generator("w5 w17 w60", max_new_tokens=4, return_full_text=False, **GREEDY)
+    assert output[0]["generated_text"].split() == tokenizer.decode(expected, skip_special_tokens=True).split()
 
 
 def test_a_mismatched_memory_gets_a_clear_error():

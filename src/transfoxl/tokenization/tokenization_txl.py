@@ -17,8 +17,9 @@ allow-list unpickler of `legacy_vocab`) on the fly.
 Parity with v4's `TransfoXLTokenizer` (checked against fixtures recorded with transformers 4.37.2):
 
 * pre-tokenized (whitespace-separated) text, the form of the corpora: the same ids as v4's vocabulary lookup of the
-  split line, `<eos>` appended per line with `add_special_tokens=True`. (v4's own `tokenize()` ran Moses on such text
-  too and broke WikiText's separators: `role @-@ playing` -> `role @ - @ playing`; this tokenizer keeps them.)
+  split line, with or without special tokens, as v4's `encode`; each newline is `<eos>`, the corpora's line end
+  (`add_eos=True` also ends the last line with one, as the corpora's per-line encoding). (v4's `tokenize()` ran Moses
+  on such text too and broke WikiText's separators: `role @-@ playing` -> `role @ - @ playing`; kept here.)
 * raw text: the same words as v4's Moses pipeline + @-@ rules for hyphenated words (`state-of-the-art` ->
   `state @-@ of @-@ the @-@ art`), numbers (`1,000` -> `1 @,@ 000`, `3.14` -> `3 @.@ 14`, `1-2` -> `1 @-@ 2`),
   punctuation, straight and curly quotes, contractions (`isn't` -> `isn 't`, `I'm` -> `I 'm`), abbreviations and
@@ -115,15 +116,19 @@ _PUNCT_NORMALIZATION = (
 
 
 def wikitext_normalizer(
-    *, lower_case: bool = False, eos_token: str | None = DEFAULT_EOS_TOKEN, moses_rules: bool = True
+    *,
+    lower_case: bool = False,
+    eos_token: str | None = DEFAULT_EOS_TOKEN,
+    moses_rules: bool = True,
+    drop_final_newline: bool = False,
 ) -> normalizers.Normalizer:
     """The normalizer of the word-level tokenizer.
 
     In order: `\\r` dropped and Moses' English punctuation normalization (curly quotes to straight, em dash to
     " - ", ...) when `moses_rules`; optional lower-casing; the number and hyphen rules of WikiText / Moses
     (`1,000` -> `1 @,@ 000`, `3.14` -> `3 @.@ 14`, `e-mail` -> `e @-@ mail`, only between letters or digits, so
-    pre-tokenized WikiText is unchanged); then, when `eos_token` is given, every newline becomes ` <eos> ` (one
-    final newline is dropped first: the post-processor ends the last line).
+    pre-tokenized WikiText is unchanged); then, when `eos_token` is given, every newline becomes ` <eos> ` (with
+    `drop_final_newline`, one final newline is dropped first: a post-processor that appends `<eos>` ends the line).
     """
     steps: list[normalizers.Normalizer] = []
     if moses_rules:
@@ -136,10 +141,9 @@ def wikitext_normalizer(
         normalizers.Replace(Regex(r"(?<=\p{N})\.(?=\p{N})"), " @.@ "),
     ]
     if eos_token is not None:
-        steps += [
-            normalizers.Replace(Regex(r"\n\z"), ""),
-            normalizers.Replace("\n", f" {eos_token} "),
-        ]
+        if drop_final_newline:
+            steps.append(normalizers.Replace(Regex(r"\n\z"), ""))
+        steps.append(normalizers.Replace("\n", f" {eos_token} "))
     return normalizers.Sequence(steps)
 
 
@@ -197,7 +201,7 @@ def build_word_level_tokenizer(
     eos_token: str | None = DEFAULT_EOS_TOKEN,
     additional_special_tokens: Sequence[str] = (),
     lower_case: bool = False,
-    add_eos: bool = True,
+    add_eos: bool = False,
     eos_per_line: bool = True,
     moses_rules: bool = True,
 ) -> PreTrainedTokenizerFast:
@@ -206,9 +210,11 @@ def build_word_level_tokenizer(
     Unknown words map to `unk_token` (appended to the vocabulary if `idx2sym` lacks it). `eos_token`,
     `unk_token` and `additional_special_tokens` are special (split out of raw text before anything else, skipped by
     `decode(..., skip_special_tokens=True)`); a special token missing from `idx2sym` gets the next free id, as in v4.
-    `add_eos`: encoding with `add_special_tokens=True` (the default) appends `eos_token`, ending the last line.
     `eos_per_line`: every newline in the text becomes `eos_token`. So `"a b\\nc\\n"` -> `a b <eos> c <eos>`, the
-    original corpora's encoding. `lower_case` lower-cases everything but special tokens.
+    original corpora's encoding, and a prompt without a final newline (`"a b"`) ends without one, as v4's `encode`
+    and GPT-2's tokenizer do. `add_eos`: encoding with `add_special_tokens=True` (the default) also ends the last line
+    with `eos_token` (the corpora's encoding of one line at a time; a prompt would then read as a finished line).
+    `lower_case` lower-cases everything but special tokens.
     """
     symbols = list(idx2sym)
     if len(set(symbols)) != len(symbols):
@@ -220,7 +226,10 @@ def build_word_level_tokenizer(
             vocab[token] = len(vocab)  # in the vocabulary: WordLevel maps unknown words to an entry of it
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
     tokenizer.normalizer = wikitext_normalizer(
-        lower_case=lower_case, eos_token=eos_token if eos_per_line else None, moses_rules=moses_rules
+        lower_case=lower_case,
+        eos_token=eos_token if eos_per_line else None,
+        moses_rules=moses_rules,
+        drop_final_newline=bool(add_eos and eos_token),
     )
     tokenizer.pre_tokenizer = wikitext_pre_tokenizer(specials, moses_rules=moses_rules)
     tokenizer.decoder = wikitext_decoder(eos_token)
@@ -323,7 +332,7 @@ def tokenizer_from_legacy_vocab(
         eos_token=eos_token,
         additional_special_tokens=extra_tokens,
         lower_case=vocab.lower_case,
-        add_eos=overrides.get("add_eos", True),
+        add_eos=overrides.get("add_eos", False),
         eos_per_line=overrides.get("eos_per_line", True),
         moses_rules=overrides.get("moses_rules", True),
     )
