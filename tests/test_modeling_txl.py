@@ -310,9 +310,9 @@ def test_labels_are_shifted_inside_and_shift_labels_are_not():
     assert torch.equal(labels, original)  # the caller's tensor is untouched
 
     shifted = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], dim=1)
-    with_shift = model(ids, shift_labels=shifted)
+    with_shift = model.train()(ids, shift_labels=shifted)  # (no dropout in the tiny config)
     torch.testing.assert_close(with_shift.loss, with_labels.loss, rtol=0, atol=0)
-    assert with_shift.logits is None  # the loss alone does not materialise the log-probs
+    assert with_shift.logits is None  # a training step's loss does not materialise the log-probs
 
     log_probs = with_labels.logits[:, :-1]
     expected = -log_probs.gather(-1, shifted[:, :-1].clamp(min=0)[..., None]).squeeze(-1)

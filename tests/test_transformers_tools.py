@@ -146,6 +146,9 @@ def test_training_returns_no_logits_unless_asked(lm):
     assert lm(ids, labels=ids, return_logits=True).logits.shape == (2, 6, lm.config.vocab_size)
     with torch.no_grad():
         assert lm(ids, labels=ids).logits.shape == (2, 6, lm.config.vocab_size)
+    lm.eval()  # gradients on in eval mode (saliency, a probe's training): logits, as from GPT-2
+    output = lm(ids, labels=ids)
+    assert output.logits.shape == (2, 6, lm.config.vocab_size) and output.logits.requires_grad
 
 
 def test_trainer_trains_the_classification_head(tmp_path, one_thread):

@@ -1177,9 +1177,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             logits_to_keep (`int`, *optional*, defaults to 0):
                 Compute log-probabilities for the last `logits_to_keep` positions only (0: all).
             return_logits (`bool`, *optional*):
-                Whether to return `logits`. Defaults to `True`, except when a loss is computed with gradients
-                (training): the loss then only computes the clusters of the adaptive softmax that hold a target, and
-                no `[B, Q, V]` tensor is made. Evaluation (no gradients) returns logits as any causal LM does.
+                Whether to return `logits`. Defaults to `True`, except for a training step (a loss computed with
+                gradients in train mode): the loss then only computes the clusters of the adaptive softmax that hold a
+                target, and no `[B, Q, V]` tensor is made. In eval mode logits come back as from any causal LM.
             shift_labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*, keyword):
                 Targets already aligned with the positions (position t predicts `shift_labels[:, t]`): for a stream
                 cut into segments, the first target of the next segment is not lost. Passed as a keyword, like the
@@ -1223,7 +1223,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             loss = self._reduce_loss(losses, targets, num_items_in_batch)
 
         if return_logits is None:  # the [B, Q, V] log-probabilities cost a training step more than the loss
-            return_logits = targets is None or not (torch.is_grad_enabled() and hidden_states.requires_grad)
+            training_step = self.training and torch.is_grad_enabled() and hidden_states.requires_grad
+            return_logits = targets is None or not training_step
         logits = None
         if return_logits:
             kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
