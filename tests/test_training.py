@@ -409,6 +409,20 @@ def test_a_config_file_and_gradient_checkpointing(text_files, tmp_path):
         assert other["loss"] == pytest.approx(row["loss"], abs=1e-6)
 
 
+def test_a_config_file_whose_clusters_do_not_fit_the_vocabulary(tmp_path):
+    """--config of a converted v4 model (cutoffs [20, 50], a tie_projs flag per cluster) with a smaller vocabulary:
+    the clusters past it are dropped with their flags; --cutoffs redefines the clusters and their flags start anew."""
+    config_path = tmp_path / "config.json"
+    source = config_from_preset("tiny", vocab_size=100, cutoffs=[20, 50], tie_projs=[False, True, False])
+    source.to_json_file(config_path)
+    args = train_cli.parse_args(["--config", str(config_path), "--output-dir", str(tmp_path / "run")])
+    config = training.build_config(args, vocab_size=30)
+    assert config.cutoffs == [20] and config.tie_projs == [False, True]
+    args = train_cli.parse_args(["--config", str(config_path), "--cutoffs", "10", "--output-dir", str(tmp_path / "r")])
+    config = training.build_config(args, vocab_size=30)
+    assert config.cutoffs == [10] and len(config.tie_projs) == 2
+
+
 def test_event_hooks_are_called_at_every_named_point_in_order(text_files, tmp_path, monkeypatch):
     """`training.event_hooks` (what tools/fault_harness.py pauses at) sees every point, in the order of a run."""
     events: list[str] = []

@@ -348,8 +348,18 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
         if args.config_values is not None:
             for key in ("vocab_size", "n_token", "architectures", "auto_map", "transformers_version", "model_type"):
                 base.pop(key, None)
+            given_cutoffs = list(base.get("cutoffs", []))
             base.update({key: value for key, value in overrides.items() if value is not None})
             base["cutoffs"] = [cutoff for cutoff in base.get("cutoffs", []) if cutoff < vocab_size]
+            tie_projs = base.get("tie_projs")
+            if isinstance(tie_projs, list) and len(tie_projs) != len(base["cutoffs"]) + 1:
+                # The clusters changed (--cutoffs, or cutoffs past this vocabulary dropped): the config's flags
+                # describe other clusters. Dropped tail clusters take their flags along; new cutoffs the default.
+                trimmed = args.cutoffs is None and base["cutoffs"] == given_cutoffs[: len(base["cutoffs"])]
+                if trimmed:
+                    base["tie_projs"] = tie_projs[: len(base["cutoffs"]) + 1]
+                else:
+                    base.pop("tie_projs")
             config = TxlConfig(vocab_size=vocab_size, **base)
         else:
             config = config_from_preset(args.preset, vocab_size, **overrides)
