@@ -155,6 +155,23 @@ def test_resume_refuses_changed_options_and_a_used_folder_needs_resume(text_file
         run(text_files, out, "--steps", "4", "--lr", "0.001", "--resume")
 
 
+def test_resume_refuses_training_text_that_changed_in_place(text_files, tmp_path):
+    """The same file name and size but other text (review finding: the run went on over other tokens): refused in one
+    line before anything is loaded, as a text of another length is."""
+    files = {split: tmp_path / path.name for split, path in text_files.items()}
+    for split, path in text_files.items():
+        shutil.copy(path, files[split])
+    out = tmp_path / "run"
+    run(files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0")
+    text = files["train"].read_text(encoding="utf-8")
+    files["train"].write_text(text.replace("e", "a"), encoding="utf-8")  # as many characters, other ones
+    with pytest.raises(SystemExit, match=r"the training data is not the run's: .* other token ids"):
+        run(files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0", "--resume")
+    files["train"].write_text(text[: len(text) // 2], encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"the training data is not the run's: .* saved with num_tokens="):
+        run(files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0", "--resume")
+
+
 def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(text_files, tmp_path):
     common = ["--steps", "6", "--log-every", "1", "--sample-len", "0", "--batch-size", "4"]
     whole = run(text_files, tmp_path / "whole", *common)

@@ -762,9 +762,15 @@ class Trainer:
         args, accelerator, run = self.args, self.accelerator, self.run
         latest = self.checkpoints.latest() if args.resume else None
         if latest is not None:
-            accelerator.load_state(str(latest))
             trainer_state = run.trainer_state(latest)
-            self.batcher.load_state_dict(trainer_state["data"])
+            try:  # before the weights: a refusal leaves nothing half-loaded
+                self.batcher.load_state_dict(trainer_state["data"])
+            except ValueError as error:
+                raise SystemExit(
+                    f"--resume {run.path}: the training data is not the run's: {error} Resume with the run's own "
+                    "--train-file / --dataset-name and tokenizer, or train a new run in another --output-dir."
+                ) from None
+            accelerator.load_state(str(latest))
             load_memories(self.memories, latest, self.rank, self.batcher.local_batch_size, accelerator.device)
             self.progress = TrainingProgress.from_trainer_state(trainer_state)
             accelerator.print(f"resumed from {latest} (step {self.progress.step} of {args.steps})")
