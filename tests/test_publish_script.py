@@ -732,6 +732,29 @@ def test_publish_refuses_an_invalid_config(scripts, model_copy, capsys, record_p
 
 @pytest.mark.reliability(
     "publish.py",
+    "RUN_DIR is a transformers-v4 checkpoint (model_type transfo-xl)",
+    "exit 2 pointing to convert.py (the folder is never rewritten)",
+)
+@pytest.mark.usefixtures("one_thread")
+def test_publish_points_a_v4_checkpoint_to_convert(scripts, tmp_path, capsys, record_property) -> None:
+    legacy = tmp_path / "v4"
+    legacy.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(ROOT / "tests" / "fixtures" / "legacy" / "adaptive_div2" / name, legacy / name)
+    before = {path.name: path.read_bytes() for path in legacy.iterdir()}
+    expect_cli_error(
+        record_property,
+        scripts["publish"].main,
+        publish_argv(legacy),
+        capsys,
+        "is a transformers-v4 checkpoint (model_type 'transfo-xl'): convert it first",
+        "scripts/convert.py RUN_DIR OUT",
+    )
+    assert {path.name: path.read_bytes() for path in legacy.iterdir()} == before
+
+
+@pytest.mark.reliability(
+    "publish.py",
     "a converted folder whose conversion.json was edited (parameters: 'many')",
     "exit 2 naming the file and the field (the card is rendered from it)",
 )

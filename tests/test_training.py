@@ -153,6 +153,14 @@ def test_resume_refuses_changed_options_and_a_used_folder_needs_resume(text_file
         run(text_files, out, "--steps", "4")
     with pytest.raises(SystemExit, match=r"--lr: the run has 0\.003, now 0\.001"):
         run(text_files, out, "--steps", "4", "--lr", "0.001", "--resume")
+    other = tmp_path / "not-a-run"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    with pytest.raises(
+        SystemExit, match=r"--resume: .* is not a training run \(no train_args.json\) and is not empty"
+    ):
+        run(text_files, other, "--steps", "4", "--resume")
+    assert [path.name for path in other.iterdir()] == ["notes.txt"]
 
 
 def test_resume_refuses_training_text_that_changed_in_place(text_files, tmp_path):

@@ -131,6 +131,11 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
         )
     config = run.config
     check_model_config(run.config_path, config)
+    if config.get("model_type") == TransfoXLConfig.model_type:  # a v4 checkpoint: converted, never rewritten here
+        raise RunFolderError(
+            f"{run.config_path} is a transformers-v4 checkpoint (model_type 'transfo-xl'): convert it first with "
+            "`python scripts/convert.py RUN_DIR OUT` (verified against v4, with tokenizer and card), then publish OUT"
+        )
     publication = Publication(run=run, config=config)
     publication.files.update({name: run.path / name for name in MODEL_FILES if (run.path / name).is_file()})
     add_weights(publication)

@@ -195,6 +195,11 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
     run = RunFolder(args.output_dir if args.output_dir is not None else default_run_dir(args, state))
     if args.resume and run.has_train_args():
         check_resumable(run, args, option_defaults)
+    elif not run.is_empty() and args.resume:
+        raise SystemExit(
+            f"--resume: {run.path} is not a training run (no train_args.json) and is not empty: nothing there is "
+            f"replaced. Give the folder of a run started by train.py, or another --output-dir for a new run."
+        )
     elif not run.is_empty():
         raise SystemExit(
             f"--output-dir {run.path} exists and is not empty: nothing there is replaced. Pass --resume to continue "
