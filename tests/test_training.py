@@ -258,6 +258,10 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--dropout", "1.5"], "--dropout 1.5: expected a probability"),
         (["--cutoffs", "a,b"], "--cutoffs 'a,b': expected comma-separated integers"),
         (["--warmup-steps", "50"], "--warmup-steps 50: expected at most --steps 20"),
+        (
+            ["--scheduler", "constant", "--warmup-steps", "3"],
+            "--warmup-steps 3: expected 0 with --scheduler constant (use constant_with_warmup)",
+        ),
         (["--train-file", "/no/such/file.txt"], "--train-file /no/such/file.txt: expected an existing text file"),
         (
             ["--output-dir", f"{THIS_FILE}/run"],
@@ -273,6 +277,14 @@ def test_bad_options_name_the_option(options, message, tmp_path, capsys):
         train_cli.parse_args(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), *options])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_constant_schedule_records_no_warmup(tmp_path):
+    """transformers' constant schedule has no warmup: the preset's is not recorded for it (train_args.json and the
+    card would claim one), and constant_with_warmup keeps it."""
+    common = ["--preset", "tiny", "--output-dir", str(tmp_path / "run"), "--steps", "100"]
+    assert train_cli.parse_args([*common, "--scheduler", "constant"]).warmup_steps == 0
+    assert train_cli.parse_args([*common, "--scheduler", "constant_with_warmup"]).warmup_steps > 0
 
 
 def test_the_optimizer_is_fused_adamw_decaying_matrices_only_with_the_default_implementations_steps():

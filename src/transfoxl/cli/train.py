@@ -265,6 +265,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.preset = None  # the architecture is the model's; the training defaults are DEFAULT_PRESET's
     read_config_file(parser, args)
     global_batch_size(parser, args)
+    if args.scheduler == "constant" and args.warmup_steps:  # transformers' constant schedule has no warmup
+        fail(parser, "warmup_steps", args.warmup_steps, "0 with --scheduler constant (use constant_with_warmup)")
     fill_defaults(args, model_config)
     check_values(parser, args)
     check_data_and_output(parser, args, given)
@@ -347,8 +349,8 @@ def fill_defaults(args: argparse.Namespace, model_config: TxlConfig | None) -> N
     for name in ("tgt_len", "mem_len", "batch_size", "lr", "steps"):
         if getattr(args, name) is None:
             setattr(args, name, defaults[name])
-    if args.warmup_steps is None:  # the preset's warmup, shortened for a short run
-        args.warmup_steps = min(defaults["warmup_steps"], args.steps // 10)
+    if args.warmup_steps is None:  # the preset's warmup, shortened for a short run (none in a constant schedule)
+        args.warmup_steps = 0 if args.scheduler == "constant" else min(defaults["warmup_steps"], args.steps // 10)
     if args.eval_tgt_len is None:
         args.eval_tgt_len = given_tgt_len if given_tgt_len is not None else preset.get("eval_tgt_len", args.tgt_len)
     if args.eval_mem_len is None:  # the paper evaluates with a longer memory than it trains with
