@@ -10,6 +10,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # A command-line file has a `__main__` block; the tools' shared modules (configs.py, v4.py) have none.
 SCRIPTS = sorted(
@@ -46,3 +48,24 @@ def test_every_script_answers_help(tmp_path: Path) -> None:
     }
     assert not failed, failed
     assert not list(tmp_path.iterdir())  # --help writes nothing
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`--out ""` (an unset shell variable) wrote into the working folder; every path option now refuses it."""
+    from transfoxl.cli import convert, convert_vocab, evaluate, publish, train, train_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (train_tokenizer.main, ["--kind", "char", "--text-file", "x.txt", "--out", ""]),
+        (convert_vocab.main, ["v4-folder", ""]),
+        (convert.main, ["v4-folder", ""]),
+        (evaluate.main, ["run", "--output", ""]),
+        (publish.main, ["", "--repo-id", "me/x", "--dry-run"]),
+        (train.main, ["--preset", "tiny", "--output-dir", ""]),
+    ]
+    for main, argv in cases:
+        with pytest.raises(SystemExit) as raised:
+            main(argv)
+        assert raised.value.code == 2, main
+        assert "an empty path: give a file or folder name" in capsys.readouterr().err, main
+    assert list(tmp_path.iterdir()) == []

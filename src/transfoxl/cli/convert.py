@@ -8,11 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..configuration_txl import MEMORY_INIT_CHOICES
 from ..conversion import ConversionError, VerificationFailed, convert
-from .options import program_name
+from .options import path_argument, program_name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: txl-convert transfo-xl/transfo-xl-wt103 transfo-xl-wt103-txl",
     )
     parser.add_argument("source", metavar="SOURCE", help="v4 checkpoint folder, or a Hub repo id (org/name)")
-    parser.add_argument("out", metavar="OUT", type=Path, help="output folder (absent or empty unless --overwrite)")
+    parser.add_argument(
+        "out", metavar="OUT", type=path_argument, help="output folder (absent or empty unless --overwrite)"
+    )
     parser.add_argument(
         "--memory-init",
         choices=MEMORY_INIT_CHOICES,

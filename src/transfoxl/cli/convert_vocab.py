@@ -8,11 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..conversion import convert_vocabulary
 from ..tokenization import LegacyVocabError
-from .options import program_name
+from .options import path_argument, program_name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
         "file is moved into place by a rename. The input is never modified.",
         epilog="example: txl-convert-vocab path/to/transfo-xl-wt103 converted/",
     )
-    parser.add_argument("source", type=Path, help="v4 folder, or a vocab.pkl / vocab.bin file")
-    parser.add_argument("out", type=Path, help="output folder (created if missing; must differ from the input's)")
+    parser.add_argument("source", type=path_argument, help="v4 folder, or a vocab.pkl / vocab.bin file")
+    parser.add_argument(
+        "out", type=path_argument, help="output folder (created if missing; must differ from the input's)"
+    )
     parser.add_argument(
         "--lower-case",
         action=argparse.BooleanOptionalAction,

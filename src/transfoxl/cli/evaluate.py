@@ -62,7 +62,7 @@ from ..data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpu
 from ..evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
 from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
-from .options import DEFAULT_VALIDATION_FRACTION, add_corpus_options, program_name
+from .options import DEFAULT_VALIDATION_FRACTION, add_corpus_options, path_argument, program_name
 
 SPLITS = ("test", "validation", "train")
 DEFAULT_TGT_LEN = 128  # when the model's config does not say which segment length it was trained with
@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name("evaluate.py"), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="folder of the saved model and tokenizer")
+    parser.add_argument(
+        "model_dir", type=path_argument, metavar="MODEL_DIR", help="folder of the saved model and tokenizer"
+    )
     parser.add_argument(
         "--tokenizer", default=None, metavar="PATH", help="load the tokenizer from here (default: MODEL_DIR)"
     )
@@ -149,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     output = parser.add_argument_group("output")
-    output.add_argument("--output", type=Path, default=None, metavar="DIR", help="folder (default: MODEL_DIR/eval)")
+    output.add_argument(
+        "--output", type=path_argument, default=None, metavar="DIR", help="folder (default: MODEL_DIR/eval)"
+    )
     output.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 

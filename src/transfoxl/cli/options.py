@@ -14,6 +14,14 @@ SPLIT_FILE_HELP = {
 }
 
 
+def path_argument(value: str) -> Path:
+    """argparse's `type` for a file or folder: an empty value (an unset shell variable, say) is refused rather than
+    read as the current folder, where `Path("")` would put it."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path: give a file or folder name (. for the current folder)")
+    return Path(value)
+
+
 def program_name(script: str) -> str:
     """The name for usage and error lines: the console command when run as one (`txl-evaluate`), else the script's
     file name (`evaluate.py`), also when `main` is called in-process."""

@@ -17,7 +17,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from .. import hub
 from ..runs import RunFolderError
-from .options import program_name
+from .options import path_argument, program_name
 
 # The code files committed with the model are this package's, under its licence: the default for the repository.
 DEFAULT_LICENSE = "apache-2.0"
@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Publish a scripts/train.py run folder on the Hugging Face Hub (model, code, tokenizer, results "
         "and a generated model card).",
     )
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run folder (scripts/train.py --output-dir)")
+    parser.add_argument(
+        "run_dir", type=path_argument, metavar="RUN_DIR", help="the run folder (scripts/train.py --output-dir)"
+    )
     parser.add_argument("--repo-id", required=True, help="the model repository, namespace/name (e.g. my-name/txl)")
     hub_options = parser.add_argument_group("Hub")
     hub_options.add_argument(
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dry = parser.add_argument_group("dry run")
     dry.add_argument("--dry-run", action="store_true", help="write the folder that would be committed; no network")
-    dry.add_argument("--dry-run-dir", type=Path, default=None, help="where (default: RUN_DIR/hub-dry-run)")
+    dry.add_argument("--dry-run-dir", type=path_argument, default=None, help="where (default: RUN_DIR/hub-dry-run)")
     return parser
 
 

@@ -43,7 +43,7 @@ from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
 from ..presets import PRESETS
 from ..runs import TRAIN_ARGS, RunFolderError, read_json_object
-from .options import add_corpus_options, program_name
+from .options import add_corpus_options, path_argument, program_name
 
 DEFAULT_PRESET = "char-small"
 TOKENIZER_KINDS = training.TOKENIZER_KINDS
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--output-dir",
         "--output_dir",
-        type=Path,
+        type=path_argument,
         default=None,
         help="the run folder (default: runs/<preset>-<time>, runs/<model>-finetuned-<time> when fine-tuning)",
     )

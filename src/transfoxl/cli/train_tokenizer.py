@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..files import folder_problem
 from ..tokenization import save_atomically, train_byte_level_bpe, train_char_level, train_word_level
-from .options import program_name
+from .options import path_argument, program_name
 
 BPE_MIN_VOCAB = 256 + 2  # byte-level BPE: the 256 byte symbols and its two special tokens (<eos>, <pad>)
 
@@ -102,18 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--kind", choices=("word", "char", "bpe"), required=True)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text-file", type=Path, help="a UTF-8 text file, one line of the corpus per line")
+    source.add_argument("--text-file", type=path_argument, help="a UTF-8 text file, one line of the corpus per line")
     source.add_argument("--dataset", help="a `datasets` name or local path (with --config, --split, --text-column)")
     parser.add_argument("--config", default=None, help="dataset configuration, e.g. wikitext-103-raw-v1")
     parser.add_argument("--split", default="train")
     parser.add_argument("--text-column", default="text")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="datasets cache folder (default: HF's)")
+    parser.add_argument("--cache-dir", type=path_argument, default=None, help="datasets cache folder (default: HF's)")
     parser.add_argument(
         "--vocab-size", type=int, default=None, help="word/char: most symbols kept; bpe: vocabulary size (8000)"
     )
     parser.add_argument("--min-freq", type=int, default=None, help="fewest occurrences kept (word/char 1, bpe 2)")
     parser.add_argument("--lower-case", action="store_true", help="word level: lower-case the text")
-    parser.add_argument("--out", type=Path, required=True, help="output folder for tokenizer.json")
+    parser.add_argument("--out", type=path_argument, required=True, help="output folder for tokenizer.json")
     parser.add_argument("--overwrite", action="store_true", help="replace tokenizer files already in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
