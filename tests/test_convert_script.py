@@ -346,6 +346,40 @@ def test_a_converted_folder_is_published_with_its_conversion_card(tmp_path: Path
     assert not (tmp_path / "dry3").exists()
 
 
+@pytest.mark.parametrize(
+    ("front_matter", "expected_license", "printed"),
+    [
+        ("license: MIT", "license: mit", "licence: mit, the converted checkpoint's own"),
+        (
+            "license: other\nlicense_name: my-research-licence\nlicense_link: https://example.org/licence",
+            "license: other\nlicense_name: my-research-licence\nlicense_link: https://example.org/licence",
+            "licence: other, the converted checkpoint's own",
+        ),
+        (
+            "license:\n- mit\n- apache-2.0",
+            "license: apache-2.0",
+            "declares several licences (mit, apache-2.0): pass --license to choose one; apache-2.0",
+        ),
+        ("language: en", "license: apache-2.0", "declares no licence: apache-2.0"),
+    ],
+    ids=["upper-case", "other-with-name", "list", "none"],
+)
+def test_the_sources_licence_is_read_as_the_hub_writes_it(
+    tmp_path: Path, capsys, front_matter, expected_license, printed
+):
+    """A licence id in capitals is the Hub's lower-case id; `other` keeps its name and link; several licences or none
+    are said as such (review finding: `MIT` was replaced by apache-2.0, a list read as no licence)."""
+    source = legacy_folder(tmp_path)
+    (source / "vocab.pkl").write_bytes(small_vocab_pickle(100))
+    (source / "README.md").write_text(f"---\n{front_matter}\n---\n\n# a v4 model\n")
+    assert convert.main([str(source), str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    dry = tmp_path / "dry"
+    assert publish.main([str(tmp_path / "out"), "--repo-id", "me/l", "--dry-run", "--dry-run-dir", str(dry)]) == 0
+    assert printed in capsys.readouterr().out
+    assert expected_license in (dry / "README.md").read_text().split("---\n")[1]
+
+
 def test_hub_repo_id_offline_and_not_cached(tmp_path: Path, monkeypatch, capsys) -> None:
     # huggingface_hub reads HF_HUB_OFFLINE / HF_HOME once at import: patch what it read.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

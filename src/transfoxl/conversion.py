@@ -31,6 +31,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import huggingface_hub
 import torch
@@ -281,23 +282,40 @@ def legacy_tokenizer(folder: Path, vocab_size: int) -> tuple[PreTrainedTokenizer
     return tokenizer, note
 
 
-def source_license(folder: Path) -> str | None:
-    """The `license` of SOURCE's model card (README.md front matter) or config.json, if either names one."""
+def _license_value(value: Any) -> str | list[str] | None:
+    """A declared licence as the Hub writes ids (lower case), a list of them, or None."""
+    if isinstance(value, str) and value.strip():
+        return value.strip().lower()
+    if isinstance(value, list):
+        ids = [item.strip().lower() for item in value if isinstance(item, str) and item.strip()]
+        return ids[0] if len(ids) == 1 else ids or None
+    return None
+
+
+def source_license(folder: Path) -> dict[str, Any]:
+    """What SOURCE declares about its licence: `license` (a Hub id, lower-cased, or a list of them, or None) from its
+    model card's front matter (README.md) or config.json, and the card's `license_name` / `license_link` (the Hub's
+    fields for `license: other`)."""
+    declared: dict[str, Any] = {"license": None, "license_name": None, "license_link": None}
     card = folder / "README.md"
     if card.is_file():
         try:
             from huggingface_hub.repocard import metadata_load
 
-            value = (metadata_load(card) or {}).get("license")
-            if isinstance(value, str) and value.strip():
-                return value.strip()
+            metadata = metadata_load(card) or {}
         except Exception:  # a malformed card says nothing about the license; the conversion goes on without it
-            pass
-    try:
-        value = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("license")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value.strip() if isinstance(value, str) and value.strip() else None
+            metadata = {}
+        declared["license"] = _license_value(metadata.get("license"))
+        for field in ("license_name", "license_link"):
+            value = metadata.get(field)
+            declared[field] = value.strip() if isinstance(value, str) and value.strip() else None
+    if declared["license"] is None:
+        try:
+            value = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("license")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        declared["license"] = _license_value(value)
+    return declared
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -455,7 +473,7 @@ def convert(
             weight_files=[path.name for path in weights],
             tokenizer_note=tokenizer_note if tokenizer is not None else None,
             verification=verification.summary() if verification is not None else None,
-            source_license=source_license(source.folder),
+            source_license=source_license(source.folder),  # (a dict: the licence, its name and link)
             version=__version__,
         )
         write_json_atomically(staging / CONVERSION_RECORD, record)  # publish.py renders the card again from it
@@ -464,7 +482,7 @@ def convert(
             repo_id=out.name,
             config=TxlConfig.from_legacy(legacy_config).to_dict(),
             code_files=sorted(path.name for path in staging.glob("*.py")),
-            license_id=record["source_license"],
+            license_id=record["source_license"] if isinstance(record["source_license"], str) else None,
             local=True,
         )
         write_text_atomically(staging / "README.md", str(card))

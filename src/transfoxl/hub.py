@@ -105,8 +105,9 @@ class Publication:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def source_license(self) -> str | None:
-        """The licence a converted checkpoint's source declared (None: not a conversion, or none declared)."""
+    def source_license(self) -> str | list[str] | None:
+        """The licence a converted checkpoint's source declared: a Hub id, several, or None (none, or not a
+        conversion)."""
         return None if self.conversion is None else self.conversion.get("source_license")
 
     @property
@@ -171,7 +172,9 @@ CONVERSION_FIELDS = {
     "title": str,
     "source": str,
     "source_weight_files": list,
-    "source_license": str,
+    "source_license": (str, list),
+    "source_license_name": str,
+    "source_license_link": str,
     "parameters": int,
     "tokenizer": str,
     "verification": str,
@@ -185,8 +188,11 @@ def read_conversion_record(path: Path) -> dict[str, Any]:
     for name, kind in CONVERSION_FIELDS.items():
         value = record.get(name)
         wrong = value is not None and (not isinstance(value, kind) or isinstance(value, bool))
-        if wrong or (kind is list and value is not None and not all(isinstance(item, str) for item in value)):
-            expected = "a list of file names" if kind is list else f"{kind.__name__} or null"
+        if isinstance(value, list) and not all(isinstance(item, str) for item in value):
+            wrong = True
+        if wrong:
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            expected = " or ".join("a list of strings" if k is list else k.__name__ for k in kinds) + " or null"
             raise RunFolderError(f"{path}: {name!r} must be {expected}, got {value!r}; convert the model again")
     return {name: record.get(name) for name in CONVERSION_FIELDS}
 

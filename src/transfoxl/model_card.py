@@ -367,7 +367,7 @@ def conversion_record(
     weight_files: Sequence[str],
     tokenizer_note: str | None,
     verification: str | None,
-    source_license: str | None,
+    source_license: dict[str, Any],
     version: str,
 ) -> dict[str, Any]:
     """What a conversion card says about where the model came from: written by `scripts/convert.py` as
@@ -378,7 +378,9 @@ def conversion_record(
         "title": title,
         "source": source,
         "source_weight_files": list(weight_files),
-        "source_license": source_license,
+        "source_license": source_license.get("license"),  # a Hub id, a list of them, or None
+        "source_license_name": source_license.get("license_name"),
+        "source_license_link": source_license.get("license_link"),
         "parameters": parameters,
         "tokenizer": tokenizer_note,
         "verification": verification,
@@ -398,12 +400,16 @@ def card_for_conversion(
 ) -> ModelCard:
     """The card of a converted v4 checkpoint from its `conversion_record`: `repo_id` is the folder's name (`local`,
     right after the conversion) or its Hub id (publishing)."""
+    # The Hub's fields for `license: other`, where the licence is the source's own
+    other = license_id == "other" and license_id == record.get("source_license")
+    names = {"license_name": record.get("source_license_name"), "license_link": record.get("source_license_link")}
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag="text-generation",
         license=license_id,
         tags=list(TAGS),
         datasets=datasets or None,
+        **({key: value for key, value in names.items() if value} if other else {}),
     )
     converted_by = record.get("converted_by") or "transfoxl"
     return render(

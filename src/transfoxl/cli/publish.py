@@ -97,12 +97,17 @@ def choose_license(given: str | None, publication: hub.Publication) -> str:
     if given is not None:
         return given
     declared = publication.source_license
-    if declared is not None and LICENSE_ID.match(declared):
+    if isinstance(declared, str) and LICENSE_ID.match(declared):
         print(f"licence: {declared}, the converted checkpoint's own (--license to choose another)")
         return declared
     if publication.conversion is not None:
-        declares = "no licence" if declared is None else f"the licence {declared!r}, not a Hub licence id"
-        print(f"WARNING: the converted checkpoint declares {declares}: {DEFAULT_LICENSE} (--license to choose)")
+        if declared is None:
+            declares = "no licence:"
+        elif isinstance(declared, list):
+            declares = f"several licences ({', '.join(declared)}): pass --license to choose one;"
+        else:
+            declares = f"the licence {declared!r}, not a Hub licence id:"
+        print(f"WARNING: the converted checkpoint declares {declares} {DEFAULT_LICENSE} (--license to choose)")
     return DEFAULT_LICENSE
 
 
