@@ -15,11 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
 from tests.test_convert_script import small_vocab_pickle
@@ -458,6 +460,17 @@ def test_a_config_file_whose_clusters_do_not_fit_the_vocabulary(tmp_path):
     args = train_cli.parse_args(["--config", str(config_path), "--cutoffs", "10", "--output-dir", str(tmp_path / "r")])
     config = training.build_config(args, vocab_size=30)
     assert config.cutoffs == [10] and len(config.tie_projs) == 2
+
+
+def test_no_progress_silences_the_libraries_bars_for_the_run_only(text_files, tmp_path, capfd):
+    """--no-progress: neither datasets' (reading, tokenizing) nor transformers' (saving, loading) bars are drawn, and
+    both are as they were after the run (review finding: four kinds of bars still printed)."""
+    before = (datasets.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled())
+    run(text_files, tmp_path / "run", "--steps", "2", "--sample-len", "0")  # run() passes --no-progress
+    printed = capfd.readouterr()
+    for bar in ("Generating train split", "tokenize train", "Writing model shards", "Loading weights", "it/s]"):
+        assert bar not in printed.err + printed.out, bar
+    assert (datasets.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled()) == before
 
 
 def test_event_hooks_are_called_at_every_named_point_in_order(text_files, tmp_path, monkeypatch):

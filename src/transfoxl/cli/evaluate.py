@@ -46,23 +46,27 @@ import importlib.metadata
 import io
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import datasets
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as transformers_logging
 
 from .. import TxlConfig, TxlForCausalLM
 from ..data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
 from ..evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
 from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
-from .options import DEFAULT_VALIDATION_FRACTION, add_corpus_options, path_argument, program_name
+from .options import (
+    DEFAULT_VALIDATION_FRACTION,
+    add_corpus_options,
+    library_progress_bars,
+    path_argument,
+    program_name,
+)
 
 SPLITS = ("test", "validation", "train")
 DEFAULT_TGT_LEN = 128  # when the model's config does not say which segment length it was trained with
@@ -377,28 +381,6 @@ def plot_png(rows: Sequence[dict[str, Any]], unit: str, title: str) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
-
-
-@contextlib.contextmanager
-def library_progress_bars(enabled: bool) -> Iterator[None]:
-    """datasets' and transformers' own progress bars (loading, tokenizing) on or off within the block, and as they
-    were after it (main() may run inside a test session)."""
-    libraries = (datasets, transformers_logging)  # both have the same three functions
-    was_enabled = [library.is_progress_bar_enabled() for library in libraries]
-
-    def switch(library: Any, on: bool) -> None:
-        if on:
-            library.enable_progress_bar()
-        else:
-            library.disable_progress_bar()
-
-    for library in libraries:
-        switch(library, enabled)
-    try:
-        yield
-    finally:
-        for library, on in zip(libraries, was_enabled):
-            switch(library, on)
 
 
 def _version(package: str) -> str | None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 DEFAULT_VALIDATION_FRACTION = 0.05  # transfoxl.data.load_corpus's default
 SPLIT_FILE_HELP = {
@@ -12,6 +16,34 @@ SPLIT_FILE_HELP = {
     "validation": "plain-text validation file(s)",
     "test": "plain-text test file(s)",
 }
+
+
+@contextlib.contextmanager
+def library_progress_bars(enabled: bool) -> Iterator[None]:
+    """datasets' and transformers' own progress bars (loading, tokenizing, saving) on or off within the block, and as
+    they were after it (main() may run inside a test session). datasets is imported only if installed."""
+    from transformers.utils import logging as transformers_logging
+
+    libraries: list[Any] = [transformers_logging]  # datasets has the same three functions
+    if importlib.util.find_spec("datasets") is not None:
+        import datasets
+
+        libraries.append(datasets)
+    was_enabled = [library.is_progress_bar_enabled() for library in libraries]
+
+    def switch(library: Any, on: bool) -> None:
+        if on:
+            library.enable_progress_bar()
+        else:
+            library.disable_progress_bar()
+
+    for library in libraries:
+        switch(library, enabled)
+    try:
+        yield
+    finally:
+        for library, on in zip(libraries, was_enabled, strict=True):
+            switch(library, on)
 
 
 def path_argument(value: str) -> Path:

@@ -43,7 +43,7 @@ from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
 from ..presets import PRESETS
 from ..runs import TRAIN_ARGS, RunFolderError, read_json_object
-from .options import add_corpus_options, path_argument, program_name
+from .options import add_corpus_options, library_progress_bars, path_argument, program_name
 
 DEFAULT_PRESET = "char-small"
 TOKENIZER_KINDS = training.TOKENIZER_KINDS
@@ -556,6 +556,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Train, evaluate and write the run folder; 0 on success. Refusals exit with a message (SystemExit)."""
     started = time.perf_counter()
     args = parse_args(argv)
+    with library_progress_bars(args.progress):
+        return _train(args, started)
+
+
+def _train(args: argparse.Namespace, started: float) -> int:
     state = training.start_processes(args)
     try:
         run = training.open_run_folder(args, state, option_defaults())
