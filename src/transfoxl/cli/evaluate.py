@@ -56,7 +56,14 @@ from matplotlib.figure import Figure
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .. import TxlConfig, TxlForCausalLM
-from ..data import StreamBatcher, flatten_token_ids, load_corpus, tokenize_corpus
+from ..data import (
+    UNKNOWN_SHARE_WARNING,
+    StreamBatcher,
+    flatten_token_ids,
+    load_corpus,
+    tokenize_corpus,
+    unknown_share,
+)
 from ..evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
 from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
@@ -309,9 +316,6 @@ def resolve_data_source(
     return DataSource(text_files, dataset_name, dataset_config, fraction, cache_dir, add_eos, origin)
 
 
-UNKNOWN_SHARE_WARNING = 0.05  # above this share of <unk> tokens, evaluate.py warns that the figures say little
-
-
 def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str, tokenizer: Any) -> torch.Tensor:
     """The token ids of `split`, `[N]` int64: load_corpus, then tokenize_corpus (cached by datasets), flattened."""
     text_files = source.text_files
@@ -457,11 +461,10 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         f"data: split {args.split!r} of {source.describe()}: {stream.numel():,} tokens"
         + (f" of {split_tokens:,}" if stream.numel() < split_tokens else "")
     )
-    unknown = getattr(tokenizer, "unk_token_id", None)
-    unknown_share = int((stream == unknown).sum()) / stream.numel() if unknown is not None and stream.numel() else 0.0
-    if unknown_share > UNKNOWN_SHARE_WARNING:  # the figures would mostly measure how well <unk> is predicted
+    share = unknown_share(stream, tokenizer)
+    if share > UNKNOWN_SHARE_WARNING:  # the figures would mostly measure how well <unk> is predicted
         print(
-            f"warning: {unknown_share:.1%} of these tokens are {tokenizer.unk_token} (outside the tokenizer's "
+            f"warning: {share:.1%} of these tokens are {tokenizer.unk_token} (outside the tokenizer's "
             f"vocabulary): the {unit} below says little about the text; is it the kind of text the model learned?"
         )
     print(
