@@ -61,6 +61,19 @@ def test_convert_refuses_the_input_folder_and_existing_files(tmp_path: Path, cap
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode("THE Game", add_special_tokens=False)) == ["the", "game"]
 
 
+def test_convert_refuses_a_vocabulary_larger_than_the_model_in_out(tmp_path: Path, capsys) -> None:
+    """OUT holding a model of fewer ids than the vocabulary has tokens (review finding: written without a word, the
+    mismatch surfaced only at publish); as many or fewer tokens are fine (a padded model)."""
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model_type": "txl", "vocab_size": 100}))
+    assert convert_vocab.main([str(FIXTURES / "v4_folder"), str(out)]) == 1  # 111 tokens
+    assert "holds a model of vocab_size 100 and this vocabulary has 111 tokens" in capsys.readouterr().err
+    assert sorted(path.name for path in out.iterdir()) == ["config.json"]
+    (out / "config.json").write_text(json.dumps({"model_type": "txl", "vocab_size": 128}))
+    assert convert_vocab.main([str(FIXTURES / "v4_folder"), str(out)]) == 0
+
+
 def test_convert_refuses_a_malicious_vocabulary(tmp_path: Path, capsys) -> None:
     marker = tmp_path / "pwned"
 

@@ -4,6 +4,7 @@ script, each a row of docs/reliability-table.md (`@pytest.mark.reliability`)."""
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -408,3 +409,23 @@ def test_train_tokenizer_script_refuses_a_file_as_output(scripts, model_dir, cap
     inside_a_file = str(model_dir.parent / "ok.txt" / "tokenizer")  # refused before training, not when writing
     argv[-1] = inside_a_file
     expect_cli_error(record_property, scripts["train_tokenizer"].main, argv, capsys, "ok.txt is a file")
+
+
+@pytest.mark.reliability(
+    "train_tokenizer.py",
+    "--out a model's folder, with --overwrite",
+    "exit 2: a new tokenizer's ids are not the model's (its tokenizer was replaced before)",
+)
+@pytest.mark.usefixtures("one_thread")
+def test_train_tokenizer_script_refuses_a_models_folder(scripts, model_dir, tmp_path, capsys, record_property) -> None:
+    run = Path(shutil.copytree(model_dir, tmp_path / "run"))
+    before = (run / "tokenizer.json").read_bytes()
+    argv = ["--kind", "word", "--text-file", str(model_dir.parent / "ok.txt"), "--out", str(run), "--overwrite"]
+    expect_cli_error(
+        record_property,
+        scripts["train_tokenizer"].main,
+        argv,
+        capsys,
+        "holds a model (config.json): a newly trained tokenizer's ids are not those the model learned",
+    )
+    assert (run / "tokenizer.json").read_bytes() == before

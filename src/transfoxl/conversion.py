@@ -496,6 +496,15 @@ def convert(
     return Result(files, verification, [tokenizer_note])
 
 
+def _model_vocab_size(folder: Path) -> int | None:
+    """`vocab_size` of the model whose config.json is in `folder` (None: no model there, or no size)."""
+    try:
+        value = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def convert_vocabulary(
     source: Path, out: Path, *, lower_case: bool | None = None, overwrite: bool = False
 ) -> list[Path]:
@@ -513,6 +522,12 @@ def convert_vocabulary(
         raise ValueError(f"--out {out}: is the input's folder; choose another folder (the input is never modified)")
     overrides = {} if lower_case is None else {"lower_case": lower_case}
     tokenizer = tokenizer_from_legacy_vocab(source, **overrides)
+    model_vocab_size = _model_vocab_size(out)
+    if model_vocab_size is not None and len(tokenizer) > model_vocab_size:
+        raise ValueError(
+            f"--out {out} holds a model of vocab_size {model_vocab_size} and this vocabulary has {len(tokenizer)} "
+            "tokens: ids past the model's would fail in it. Convert the vocabulary the model was trained with."
+        )
     try:
         return save_atomically(tokenizer, out, overwrite=overwrite)
     except FileExistsError as error:

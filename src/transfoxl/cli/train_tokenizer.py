@@ -77,6 +77,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--lower-case applies to --kind word only, not {args.kind}")
     if problem := folder_problem(args.out):
         parser.error(f"--out {args.out}: {problem}")
+    if (Path(args.out) / "config.json").is_file():  # (--overwrite or not: the model's ids are what it learned)
+        parser.error(
+            f"--out {args.out} holds a model (config.json): a newly trained tokenizer's ids are not those the model "
+            "learned; write the tokenizer to another folder"
+        )
 
 
 def train(kind: str, lines: Iterable[str], *, vocab_size: int | None, min_freq: int | None, lower_case: bool):
