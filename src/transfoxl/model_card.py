@@ -11,6 +11,7 @@ The inputs are what gets published: local paths are already cut to file names (`
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -293,6 +294,44 @@ def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int 
     return card
 
 
+def base_model_of(name: Any) -> dict[str, Any] | None:
+    """What a card says of the model a run fine-tuned (`--model-name-or-path`, as train_args.json holds it): `hub_id`
+    (a Hub repo id, for `base_model`: the id itself, or the Hub repo a converted folder came from), `description`
+    (Markdown, no local path), and the licence it declares (`declared_license`: its conversion.json's, or the card /
+    config of the folder or of the Hub repo's cached snapshot). None when the run fine-tuned nothing."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    folder = Path(name)
+    base: dict[str, Any] = {"hub_id": None, "description": f"a local model folder named `{folder.name}`"}
+    declared: dict[str, Any] = {"license": None, "license_name": None, "license_link": None}
+    record = None
+    if folder.is_dir():
+        try:
+            record = json.loads((folder / CONVERSION_RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = None
+        declared = declared_license(folder)
+    elif re.fullmatch(r"[\w.-]+/[\w.-]+", name):  # a Hub repo id: its card, if the cache holds it
+        base.update(hub_id=name, description=f"[`{name}`](https://huggingface.co/{name})")
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "README.md")
+        if isinstance(cached, str):
+            declared = declared_license(Path(cached).parent)
+    if isinstance(record, dict):  # a folder made by scripts/convert.py: where it came from, and its licence
+        source = record.get("source")
+        if isinstance(source, str):
+            base["description"] = f"a conversion of {source}"
+        if isinstance(record.get("source_repo_id"), str):
+            base["hub_id"] = record["source_repo_id"]
+        declared = {
+            "license": record.get("source_license"),
+            "license_name": record.get("source_license_name"),
+            "license_link": record.get("source_license_link"),
+        }
+    return {**base, **declared}
+
+
 def card_for_run(
     *,
     repo_id: str,
@@ -302,9 +341,10 @@ def card_for_run(
     metrics: dict[str, Any] | None,
     train_args: dict[str, Any] | None,
     files: Sequence[str],
+    base: dict[str, Any] | None = None,
 ) -> ModelCard:
     """The card of a training run published as `repo_id`: `metrics` and `train_args` as published (local paths cut),
-    `files` the paths in the repository."""
+    `files` the paths in the repository, `base` the model it fine-tuned (`base_model_of`), if any."""
     source = DataSource.from_train_args(train_args)
     if datasets is None and source is not None and source.kind == "hub":
         datasets = [source.dataset_id]
@@ -317,6 +357,12 @@ def card_for_run(
         datasets=datasets or None,
         language="en" if source is not None and source.kind == "builtin" else None,
         model_name=repo_id.split("/")[-1] if results else None,
+        base_model=(base or {}).get("hub_id") or None,
+        **(  # the Hub's fields for `license: other`, where the licence is the base model's own
+            {key: base[key] for key in ("license_name", "license_link") if base.get(key)}
+            if base and license_id == "other" == base.get("license")
+            else {}
+        ),
         eval_results=results or None,
     )
     metrics = metrics or {}
@@ -334,7 +380,13 @@ def card_for_run(
         parameters=(metrics.get("model") or {}).get("parameters"),
         title=repo_id.split("/")[-1],
         origin=(
-            ("Trained with the `scripts/train.py` of transfoxl" if train_args else "Saved with transfoxl")
+            (
+                f"Fine-tuned from {base['description']} with the `scripts/train.py` of transfoxl"
+                if base
+                else "Trained with the `scripts/train.py` of transfoxl"
+                if train_args
+                else "Saved with transfoxl"
+            )
             + ", a Transformer-XL for Hugging Face transformers v5 (`model_type: txl`)."
         ),
         code_files=code_list(sorted(name for name in files if name.endswith(".py"))),
@@ -352,11 +404,49 @@ def card_for_run(
             else None
         ),
         limitations={
-            "trained": f"trained for {format_number(steps)} steps" if steps else "trained",
+            "trained": f"{'fine-tuned' if base else 'trained'} for {format_number(steps)} steps"
+            if steps
+            else ("fine-tuned" if base else "trained"),
             "data": "Shakespeare's plays" if source is not None and source.kind == "builtin" else "its training text",
             "mem_len": config.get("mem_len"),
         },
     )
+
+
+def _license_value(value: Any) -> str | list[str] | None:
+    """A declared licence as the Hub writes ids (lower case), a list of them, or None."""
+    if isinstance(value, str) and value.strip():
+        return value.strip().lower()
+    if isinstance(value, list):
+        ids = [item.strip().lower() for item in value if isinstance(item, str) and item.strip()]
+        return ids[0] if len(ids) == 1 else ids or None
+    return None
+
+
+def declared_license(folder: Path) -> dict[str, Any]:
+    """What a model folder declares about its licence: `license` (a Hub id, lower-cased, or a list of them, or None)
+    from its card's front matter (README.md) or config.json, and the card's `license_name` / `license_link` (the
+    Hub's fields for `license: other`)."""
+    declared: dict[str, Any] = {"license": None, "license_name": None, "license_link": None}
+    card = folder / "README.md"
+    if card.is_file():
+        try:
+            from huggingface_hub.repocard import metadata_load
+
+            metadata = metadata_load(card) or {}
+        except Exception:  # a malformed card says nothing about the license; the conversion goes on without it
+            metadata = {}
+        declared["license"] = _license_value(metadata.get("license"))
+        for field in ("license_name", "license_link"):
+            value = metadata.get(field)
+            declared[field] = value.strip() if isinstance(value, str) and value.strip() else None
+    if declared["license"] is None:
+        try:
+            value = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("license")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        declared["license"] = _license_value(value)
+    return declared
 
 
 def conversion_record(
@@ -369,6 +459,7 @@ def conversion_record(
     verification: str | None,
     source_license: dict[str, Any],
     version: str,
+    source_repo_id: str | None = None,
 ) -> dict[str, Any]:
     """What a conversion card says about where the model came from: written by `scripts/convert.py` as
     `conversion.json` beside the model, so that publishing the folder later renders the same card for its Hub id.
@@ -377,6 +468,7 @@ def conversion_record(
     return {
         "title": title,
         "source": source,
+        "source_repo_id": source_repo_id,  # the Hub repo converted (the card's base_model), None for a local folder
         "source_weight_files": list(weight_files),
         "source_license": source_license.get("license"),  # a Hub id, a list of them, or None
         "source_license_name": source_license.get("license_name"),
@@ -409,6 +501,7 @@ def card_for_conversion(
         license=license_id,
         tags=list(TAGS),
         datasets=datasets or None,
+        base_model=record.get("source_repo_id") or None,
         **({key: value for key, value in names.items() if value} if other else {}),
     )
     converted_by = record.get("converted_by") or "transfoxl"

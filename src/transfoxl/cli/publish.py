@@ -93,21 +93,22 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentPars
 
 
 def choose_license(given: str | None, publication: hub.Publication) -> str:
-    """--license, else the licence a converted checkpoint's source declared (said), else the default."""
+    """--license, else the licence declared for what the folder derives from (a converted checkpoint's source, a
+    fine-tuned base model; said), else the default."""
     if given is not None:
         return given
-    declared = publication.source_license
+    declared, derived = publication.source_license, publication.derived
     if isinstance(declared, str) and LICENSE_ID.match(declared):
-        print(f"licence: {declared}, the converted checkpoint's own (--license to choose another)")
+        print(f"licence: {declared}, {derived}'s own (--license to choose another)")
         return declared
-    if publication.conversion is not None:
+    if derived is not None:
         if declared is None:
             declares = "no licence:"
         elif isinstance(declared, list):
             declares = f"several licences ({', '.join(declared)}): pass --license to choose one;"
         else:
             declares = f"the licence {declared!r}, not a Hub licence id:"
-        print(f"WARNING: the converted checkpoint declares {declares} {DEFAULT_LICENSE} (--license to choose)")
+        print(f"WARNING: {derived} declares {declares} {DEFAULT_LICENSE} (--license to choose)")
     return DEFAULT_LICENSE
 
 
