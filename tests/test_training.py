@@ -274,6 +274,12 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--tokenizer", "no such/tok/folder"], "--tokenizer no such/tok/folder: expected one of char, word, bpe"),
         (["--tokenizer", "chars"], "--tokenizer chars: expected one of char, word, bpe (did you mean char?)"),
         (["--tokenizer", "BPE"], "--tokenizer BPE: expected one of char, word, bpe (did you mean bpe?)"),
+        (["--tokenizer", "char", "--lower-case"], "--lower-case applies to --tokenizer word here only: leave it out"),
+        (["--tokenizer", "bpe", "--min-freq", "50"], "--min-freq 50 applies to --tokenizer word or char here only"),
+        (
+            ["--tokenizer", str(Path(THIS_FILE).parent), "--vocab-size", "5"],
+            f"--vocab-size 5 applies to a tokenizer trained here only (--tokenizer {Path(THIS_FILE).parent} is loaded",
+        ),
     ],
 )
 def test_bad_options_name_the_option(options, message, tmp_path, capsys):

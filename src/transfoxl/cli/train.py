@@ -458,12 +458,29 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
                     args.tokenizer,
                     f"one of {', '.join(TOKENIZER_KINDS)}{hint}, a tokenizer folder or a Hub id",
                 )
+    if args.model_name_or_path is None:  # (fine-tuning refuses them all: check_fine_tuning_options)
+        check_tokenizer_options(parser, args, given)
     if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
         fail(parser, "mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")
     if args.output_dir is not None and (problem := folder_problem(args.output_dir)):
         fail(parser, "output_dir", args.output_dir, f"a folder ({problem})")
     if args.resume and args.output_dir is None:
         parser.error("--resume needs the --output-dir of the run to continue")
+
+
+# The tokenizer kinds each training option of a tokenizer applies to (transfoxl.training.build_tokenizer).
+TOKENIZER_OPTION_KINDS = {"lower_case": ("word",), "min_freq": ("word", "char"), "vocab_size": TOKENIZER_KINDS}
+
+
+def check_tokenizer_options(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> None:
+    """--lower-case, --min-freq and --vocab-size shape a tokenizer trained here: refused where they would be ignored
+    (another kind, or a saved tokenizer loaded as it is)."""
+    for name, kinds in TOKENIZER_OPTION_KINDS.items():
+        value = getattr(args, name)
+        if (name in given or name == "vocab_size") and value not in (None, False) and args.tokenizer not in kinds:
+            which = f"--tokenizer {' or '.join(kinds)}" if args.tokenizer in TOKENIZER_KINDS else "a tokenizer trained"
+            loaded = "" if args.tokenizer in TOKENIZER_KINDS else f" (--tokenizer {args.tokenizer} is loaded as saved)"
+            parser.error(f"{spelled(name, value)} applies to {which} here only{loaded}: leave it out")
 
 
 def spelled(option: str, value: Any) -> str:
