@@ -158,6 +158,8 @@ def resolve_source(source: str, revision: str | None = None) -> Source:
     if path.exists():
         if not path.is_dir():
             raise ConversionError(f"SOURCE {source}: is a file; give the checkpoint's folder (with config.json)")
+        if revision is not None:
+            raise ConversionError(f"SOURCE {source} is a local folder: --revision {revision} applies to a Hub repo id")
         return Source(path, *_cache_name(path))
     if not is_repo_id(source):
         raise ConversionError(f"SOURCE {source}: no such folder (and not a Hub repo id of the form org/name)")
