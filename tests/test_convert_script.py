@@ -473,6 +473,9 @@ def prepare_error(case: str, source: Path, tmp: Path) -> list[str]:
         return [str(source), str(out), "--verify-segments", "0"]
     elif case == "revision_of_a_folder":
         return [str(source), str(out), "--revision", "v1.0"]
+    elif case == "out_inside_a_file":
+        out.write_text("x")
+        return [str(source), str(out / "sub")]
     return [str(source), str(out)]
 
 
@@ -495,6 +498,7 @@ ERROR_MESSAGES = {
     "overwrite_foreign_files": r"--overwrite replaces only an earlier conversion, and this folder holds files this",
     "out_is_a_link": r"is a symbolic link",
     "bad_segment_count": r"--verify-segments must be >= 1, got 0",
+    "out_inside_a_file": r"OUT .*out/sub: .*out is a file",
     "revision_of_a_folder": r"SOURCE .*src is a local folder: --revision v1\.0 applies to a Hub repo id",
 }
 

@@ -74,6 +74,15 @@ def test_convert_refuses_a_vocabulary_larger_than_the_model_in_out(tmp_path: Pat
     assert convert_vocab.main([str(FIXTURES / "v4_folder"), str(out)]) == 0
 
 
+def test_convert_names_a_missing_source_and_a_file_as_output(tmp_path: Path, capsys) -> None:
+    assert convert_vocab.main([str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 1
+    assert "nowhere: no such file or folder" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert convert_vocab.main([str(FIXTURES / "v4_folder"), str(tmp_path / "afile")]) == 1
+    assert "--out " in (err := capsys.readouterr().err) and "afile exists and is not a folder" in err
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_convert_refuses_a_malicious_vocabulary(tmp_path: Path, capsys) -> None:
     marker = tmp_path / "pwned"
 

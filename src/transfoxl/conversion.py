@@ -56,7 +56,7 @@ from .checkpoints import (
     weight_files,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
-from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
+from .files import folder_problem, fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
 from .model_card import CONVERSION_RECORD, card_for_conversion, conversion_record, declared_license
 from .modeling_txl import TxlForCausalLM
 from .tokenization import LegacyVocabError, save_atomically, tokenizer_from_legacy_vocab
@@ -339,8 +339,8 @@ def check_out(out: Path, *, overwrite: bool) -> None:
     conversion and nothing else (--overwrite replaces the whole folder: it must never delete a user's other files)."""
     if out.is_symlink():
         raise ConversionError(f"OUT {out}: is a symbolic link; give the folder itself")
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"OUT {out}: exists and is not a folder")
+    if problem := folder_problem(out):  # OUT a file, or a folder to be made inside a file
+        raise ConversionError(f"OUT {out}: {problem}")
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not overwrite:
@@ -480,10 +480,14 @@ def convert_vocabulary(
     Raises `ValueError` if `out` is the input's folder, or (unless `overwrite`) already holds a file it would write;
     `LegacyVocabError` for an unreadable or unsafe vocabulary.
     """
+    if not source.exists():
+        raise LegacyVocabError(f"{source}: no such file or folder")
     source_folder = source if source.is_dir() else source.parent
     vocab_file = find_legacy_vocab_file(source) if source.is_dir() else source
     if vocab_file is None or not vocab_file.is_file():
         raise LegacyVocabError(f"{source}: no vocab.pkl or vocab.bin found")
+    if problem := folder_problem(out):
+        raise ValueError(f"--out {out}: {problem}")
     if out.resolve() == source_folder.resolve():
         raise ValueError(f"--out {out}: is the input's folder; choose another folder (the input is never modified)")
     overrides = {} if lower_case is None else {"lower_case": lower_case}
