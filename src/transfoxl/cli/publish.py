@@ -27,11 +27,14 @@ LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name("publish.py"),
-        description="Publish a scripts/train.py run folder on the Hugging Face Hub (model, code, tokenizer, results "
-        "and a generated model card).",
+        description="Publish a scripts/train.py run folder, or a folder made by scripts/convert.py, on the Hugging "
+        "Face Hub (model, code, tokenizer, results and a generated model card).",
     )
     parser.add_argument(
-        "run_dir", type=path_argument, metavar="RUN_DIR", help="the run folder (scripts/train.py --output-dir)"
+        "run_dir",
+        type=path_argument,
+        metavar="RUN_DIR",
+        help="the run folder (scripts/train.py --output-dir) or a converted one (scripts/convert.py OUT)",
     )
     parser.add_argument("--repo-id", required=True, help="the model repository, namespace/name (e.g. my-name/txl)")
     hub_options = parser.add_argument_group("Hub")

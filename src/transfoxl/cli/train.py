@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"one of {', '.join(TOKENIZER_KINDS)} (trained on the training split), or a folder / Hub id of a "
         "saved tokenizer",
     )
-    tok.add_argument("--vocab-size", type=int, default=None, help="bpe: vocabulary size (8000); word: maximum size")
+    tok.add_argument(
+        "--vocab-size", type=int, default=None, help="bpe: vocabulary size (8000); word, char: maximum size"
+    )
     tok.add_argument("--min-freq", type=int, default=1, help="word / char: minimum count of a token")
     tok.add_argument("--lower-case", action="store_true", help="word: lower-case the text")
 
@@ -207,7 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-segments", type=int, default=50, help="segments per validation during training (a fixed sample)"
     )
     evaluation.add_argument("--eval-tgt-len", type=int, default=None, help="final evaluation segment length")
-    evaluation.add_argument("--eval-mem-len", type=int, default=None, help="final evaluation memory length")
+    evaluation.add_argument(
+        "--eval-mem-len",
+        type=int,
+        default=None,
+        help="final evaluation memory length (default: 4 x a given --mem-len, else the preset's)",
+    )
     evaluation.add_argument("--eval-clamp-len", type=int, default=None, help="final evaluation clamp_len")
     evaluation.add_argument("--eval-same-length", action=argparse.BooleanOptionalAction, default=None)
     evaluation.add_argument("--eval-batch-size", type=int, default=16, help="columns in evaluation")
@@ -230,10 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run folder (default: runs/<preset>-<time>, runs/<model>-finetuned-<time> when fine-tuning)",
     )
     output.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its checkpoint")
-    output.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (0: none)")
+    output.add_argument(
+        "--checkpoint-every", type=int, default=None, help="steps between checkpoints (0: none; default: --steps / 5)"
+    )
     output.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept")
     output.add_argument("--log-every", type=int, default=10, help="steps between history entries")
-    output.add_argument("--report-to", choices=("auto", "none", "tensorboard"), default="auto")
+    output.add_argument(
+        "--report-to",
+        choices=("auto", "none", "tensorboard"),
+        default="auto",
+        help="where the training curves also go (auto: tensorboard when it is installed, else none)",
+    )
     output.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     return parser
 
