@@ -4,6 +4,7 @@ script, each a row of docs/reliability-table.md (`@pytest.mark.reliability`)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -429,3 +430,17 @@ def test_train_tokenizer_script_refuses_a_models_folder(scripts, model_dir, tmp_
         "holds a model (config.json): a newly trained tokenizer's ids are not those the model learned",
     )
     assert (run / "tokenizer.json").read_bytes() == before
+
+
+def test_train_tokenizer_reads_crlf_line_ends_as_train_py_does(scripts, tmp_path) -> None:
+    """A CRLF file: no `\\r` token, as in the training data train.py reads (review finding: one more token)."""
+    text = "To be, or not to be\nthat is the question\n"
+    (tmp_path / "lf.txt").write_bytes(text.encode())
+    (tmp_path / "crlf.txt").write_bytes(text.replace("\n", "\r\n").encode())
+    for name in ("lf", "crlf"):
+        argv = ["--kind", "char", "--text-file", str(tmp_path / f"{name}.txt"), "--out", str(tmp_path / name)]
+        assert scripts["train_tokenizer"].main([*argv, "--no-progress"]) == 0
+    vocabularies = [
+        json.loads((tmp_path / name / "tokenizer.json").read_text())["model"]["vocab"] for name in ("lf", "crlf")
+    ]
+    assert vocabularies[0] == vocabularies[1] and "\r" not in vocabularies[1]

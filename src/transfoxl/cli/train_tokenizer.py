@@ -31,8 +31,10 @@ BPE_MIN_VOCAB = 256 + 2  # byte-level BPE: the 256 byte symbols and its two spec
 
 
 def read_text_file(path: Path) -> Iterator[str]:
-    """The lines of a UTF-8 text file, each with its newline (so character-level training sees newlines)."""
-    with open(path, encoding="utf-8", newline="") as f:
+    """The lines of a UTF-8 text file, each with its newline (so character-level training sees newlines). Line ends
+    are read as train.py reads them (datasets' text loader): `\r\n` and `\r` become `\n`, so a CRLF file gives no
+    `\r` token that the training data never holds."""
+    with open(path, encoding="utf-8") as f:
         yield from f
 
 
