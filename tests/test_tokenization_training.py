@@ -376,6 +376,15 @@ TRAIN_TOKENIZER_CASES = [
         ),
     ),
     pytest.param(
+        ("char", "ok.txt", "--split", "validation"),
+        2,
+        ["--split applies to --dataset, not to --text-file"],
+        id="dataset-option-with-a-file",
+        marks=pytest.mark.reliability(
+            "train_tokenizer.py", "--split with --text-file", "exit 2 (silently ignored before)"
+        ),
+    ),
+    pytest.param(
         ("char", "ok.txt", "--lower-case"),
         2,
         ["--lower-case applies to --kind word only"],

@@ -65,6 +65,12 @@ class TextCounter:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Errors that need no reading: numbers out of range, a missing file, options that do not apply."""
+    if args.text_file is not None:
+        dataset_only = [name for name in ("config", "split", "text_column", "cache_dir") if getattr(args, name)]
+        if dataset_only:
+            parser.error(f"--{dataset_only[0].replace('_', '-')} applies to --dataset, not to --text-file")
+    args.split = args.split or "train"
+    args.text_column = args.text_column or "text"
     if args.text_file is not None and not args.text_file.is_file():
         what = "is a folder, not a file" if args.text_file.is_dir() else "no such file"
         parser.error(f"--text-file {args.text_file}: {what}")
@@ -111,10 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text-file", type=path_argument, help="a UTF-8 text file, one line of the corpus per line")
     source.add_argument("--dataset", help="a `datasets` name or local path (with --config, --split, --text-column)")
-    parser.add_argument("--config", default=None, help="dataset configuration, e.g. wikitext-103-raw-v1")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--text-column", default="text")
-    parser.add_argument("--cache-dir", type=path_argument, default=None, help="datasets cache folder (default: HF's)")
+    dataset = parser.add_argument_group("with --dataset")
+    dataset.add_argument("--config", default=None, help="dataset configuration, e.g. wikitext-103-raw-v1")
+    dataset.add_argument("--split", default=None, help="the split read (default: train)")
+    dataset.add_argument("--text-column", default=None, help="the column of text (default: text)")
+    dataset.add_argument("--cache-dir", type=path_argument, default=None, help="datasets cache folder (default: HF's)")
     parser.add_argument(
         "--vocab-size", type=int, default=None, help="word/char: most symbols kept; bpe: vocabulary size (8000)"
     )
