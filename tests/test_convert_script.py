@@ -339,6 +339,13 @@ def test_a_converted_folder_is_published_with_its_conversion_card(tmp_path: Path
     )
     assert "license: apache-2.0" in (tmp_path / "dry2" / "README.md").read_text().split("---\n")[1]
 
+    # the default dry run writes OUT/hub-dry-run: converting again with --overwrite still replaces the folder
+    assert publish.main([str(out), "--repo-id", "me/tiny-txl", "--dry-run"]) == 0
+    assert (out / "hub-dry-run" / "README.md").is_file()
+    assert convert.main([str(snapshot), str(out), "--overwrite"]) == 0
+    assert not (out / "hub-dry-run").exists()
+    capsys.readouterr()
+
     (out / "conversion.json").write_text(json.dumps({**record, "parameters": "many"}))
     with pytest.raises(SystemExit) as raised:
         publish.main([str(out), "--repo-id", "me/tiny-txl", "--dry-run", "--dry-run-dir", str(tmp_path / "dry3")])

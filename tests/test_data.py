@@ -187,11 +187,12 @@ def test_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="saved with num_tokens=99"):
         batcher.load_state_dict({**batcher.state_dict(), "num_tokens": 99})
     other_ids = torch.arange(100).flip(0)  # as many tokens, other ids
+    StreamBatcher(other_ids, 2, 4).load_state_dict(batcher.state_dict())  # no fingerprints kept: the layout only
+    kept = StreamBatcher(torch.arange(100), 2, 4, fingerprint=True)
     with pytest.raises(ValueError, match="same length \\(100 tokens\\) but other token ids"):
-        StreamBatcher(other_ids, 2, 4).load_state_dict(batcher.state_dict())
-    StreamBatcher(torch.arange(100).int(), 2, 4).load_state_dict(batcher.state_dict())  # the same ids in int32
-    old_state = {key: value for key, value in batcher.state_dict().items() if key != "fingerprint"}
-    StreamBatcher(other_ids, 2, 4).load_state_dict(old_state)  # a state saved before fingerprints: layout only
+        StreamBatcher(other_ids, 2, 4, fingerprint=True).load_state_dict(kept.state_dict())
+    StreamBatcher(torch.arange(100).int(), 2, 4, fingerprint=True).load_state_dict(kept.state_dict())  # int32 ids
+    StreamBatcher(other_ids, 2, 4, fingerprint=True).load_state_dict(batcher.state_dict())  # a state without one
 
 
 def test_batcher_reads_a_tokenized_dataset() -> None:

@@ -16,11 +16,13 @@ import datasets
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
 from tests.utils import cli_error, expect_cli_error
 from transfoxl import TxlForCausalLM
 from transfoxl.cli import evaluate as evaluate_cli
+from transfoxl.cli.options import library_progress_bars
 from transfoxl.evaluation import evaluate_stream
 from transfoxl.presets import config_from_preset
 from transfoxl.tokenization.tokenization_txl import train_char_level, train_word_level
@@ -403,3 +405,26 @@ def test_evaluate_script_model_folder_errors(scripts, model_dir, tmp_path, capsy
     message = cli_error(main, evaluate_argv(no_weights), capsys)
     assert "has no weights" in message
     record_property("outcome", f"exit 2: {missing} / {message}")
+
+
+def test_library_progress_bars_switch_off_and_never_force_on() -> None:
+    """--no-progress turns datasets' and transformers' bars off for the block; without it they stay as the environment
+    set them (HF_*_DISABLE_PROGRESS_BARS), not forced on (review finding)."""
+    libraries = (datasets, transformers_logging)
+    states = [library.is_progress_bar_enabled() for library in libraries]
+    try:
+        for library in libraries:
+            library.disable_progress_bar()
+        with library_progress_bars(True):
+            assert not any(library.is_progress_bar_enabled() for library in libraries)
+        for library in libraries:
+            library.enable_progress_bar()
+        with library_progress_bars(False):
+            assert not any(library.is_progress_bar_enabled() for library in libraries)
+        assert all(library.is_progress_bar_enabled() for library in libraries)
+    finally:
+        for library, on in zip(libraries, states, strict=True):
+            if on:
+                library.enable_progress_bar()
+            else:
+                library.disable_progress_bar()

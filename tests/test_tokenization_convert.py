@@ -79,7 +79,7 @@ def test_convert_names_a_missing_source_and_a_file_as_output(tmp_path: Path, cap
     assert "nowhere: no such file or folder" in capsys.readouterr().err
     (tmp_path / "afile").write_text("x")
     assert convert_vocab.main([str(FIXTURES / "v4_folder"), str(tmp_path / "afile")]) == 1
-    assert "--out " in (err := capsys.readouterr().err) and "afile exists and is not a folder" in err
+    assert "OUT " in (err := capsys.readouterr().err) and "afile exists and is not a folder" in err
     assert (tmp_path / "afile").read_text() == "x"
 
 

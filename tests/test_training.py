@@ -184,6 +184,15 @@ def test_resume_refuses_training_text_that_changed_in_place(text_files, tmp_path
         run(files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0", "--resume")
 
 
+def test_resume_with_the_runs_tokenizer_options_repeated(text_files, tmp_path):
+    """--resume compares what the command line repeats with the run's options: a word-level run's --lower-case,
+    given again, is not refused as if the tokenizer were the default char (review finding)."""
+    out = tmp_path / "run"
+    word = ["--tokenizer", "word", "--lower-case", "--sample-len", "0", "--checkpoint-every", "2"]
+    run(text_files, out, *word, "--steps", "2")
+    run(text_files, out, "--lower-case", "--steps", "2", "--resume")
+
+
 def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(text_files, tmp_path):
     common = ["--steps", "6", "--log-every", "1", "--sample-len", "0", "--batch-size", "4"]
     whole = run(text_files, tmp_path / "whole", *common)

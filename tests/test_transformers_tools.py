@@ -98,6 +98,9 @@ def test_a_batch_without_targets_gives_a_nan_loss_and_zero_gradients(count):
     model.zero_grad()
     counted = model(ids, labels=ids, num_items_in_batch=torch.tensor(3)).loss
     torch.testing.assert_close(counted, model(ids, labels=ids).losses.sum() / 3)
+    # a fractional count (Trainer divides by tensor/context/sequence parallel sizes) divides as it is
+    halved = model(ids, labels=ids, num_items_in_batch=0.5).loss
+    torch.testing.assert_close(halved, model(ids, labels=ids).losses.sum() / 0.5)
 
 
 def test_trainer_evaluates_and_trains_on_rows_without_targets(tmp_path, one_thread):

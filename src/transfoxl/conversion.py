@@ -331,6 +331,7 @@ def converted_files() -> set[str]:
         for path in [module.__file__, *get_relative_import_files(module.__file__)]
     }
     model = {"config.json", "generation_config.json", "model.safetensors", "README.md", CONVERSION_RECORD}
+    model.add("hub-dry-run")  # what `publish.py OUT --dry-run` writes there by default: a conversion's copy
     return model | code | {"tokenizer.json", "tokenizer_config.json"}
 
 
@@ -487,18 +488,18 @@ def convert_vocabulary(
     if vocab_file is None or not vocab_file.is_file():
         raise LegacyVocabError(f"{source}: no vocab.pkl or vocab.bin found")
     if problem := folder_problem(out):
-        raise ValueError(f"--out {out}: {problem}")
+        raise ValueError(f"OUT {out}: {problem}")
     if out.resolve() == source_folder.resolve():
-        raise ValueError(f"--out {out}: is the input's folder; choose another folder (the input is never modified)")
+        raise ValueError(f"OUT {out}: is the input's folder; choose another folder (the input is never modified)")
     overrides = {} if lower_case is None else {"lower_case": lower_case}
     tokenizer = tokenizer_from_legacy_vocab(source, **overrides)
     model_vocab_size = _model_vocab_size(out)
     if model_vocab_size is not None and len(tokenizer) > model_vocab_size:
         raise ValueError(
-            f"--out {out} holds a model of vocab_size {model_vocab_size} and this vocabulary has {len(tokenizer)} "
+            f"OUT {out} holds a model of vocab_size {model_vocab_size} and this vocabulary has {len(tokenizer)} "
             "tokens: ids past the model's would fail in it. Convert the vocabulary the model was trained with."
         )
     try:
         return save_atomically(tokenizer, out, overwrite=overwrite)
     except FileExistsError as error:
-        raise ValueError(f"--out {out}: {error}") from error
+        raise ValueError(f"OUT {out}: {error}") from error

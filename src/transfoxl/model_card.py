@@ -294,41 +294,70 @@ def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int 
     return card
 
 
-def base_model_of(name: Any) -> dict[str, Any] | None:
-    """What a card says of the model a run fine-tuned (`--model-name-or-path`, as train_args.json holds it): `hub_id`
-    (a Hub repo id, for `base_model`: the id itself, or the Hub repo a converted folder came from), `description`
-    (Markdown, no local path), and the licence it declares (`declared_license`: its conversion.json's, or the card /
-    config of the folder or of the Hub repo's cached snapshot). None when the run fine-tuned nothing."""
+UNKNOWN_LICENSE = "unknown"  # base_model_of's licence when the base is a Hub repo whose card this machine lacks
+
+
+def _hub_cache_name(folder: Path) -> str | None:
+    """ "org/name" for a snapshot folder of the Hub cache (`models--org--name/snapshots/<commit>`), else None."""
+    parts = folder.resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/")
+    return None
+
+
+def base_model_of(name: Any, _depth: int = 0) -> dict[str, Any] | None:
+    """What a card says of the model a run fine-tuned (`--model-name-or-path`, as train_args.json holds it: a Hub id,
+    or an absolute folder): `hub_id` (for `base_model`: the id, the Hub repo of a cached snapshot or of a converted
+    checkpoint, or the base run's own base), `description` (Markdown, no local path) and the licence declared for
+    it (`declared_license`'s fields; `license` is `UNKNOWN_LICENSE` for a Hub repo whose card and config are not in
+    the local cache). A base that is itself a fine-tuned run is followed to its base. None: no base."""
     if not isinstance(name, str) or not name.strip():
         return None
+    from .checkpoints import is_hub_repo_id
+
     folder = Path(name)
     base: dict[str, Any] = {"hub_id": None, "description": f"a local model folder named `{folder.name}`"}
     declared: dict[str, Any] = {"license": None, "license_name": None, "license_link": None}
-    record = None
     if folder.is_dir():
+        declared = declared_license(folder)
+        hub_id = _hub_cache_name(folder)
+        if hub_id is not None:
+            base.update(hub_id=hub_id, description=f"[`{hub_id}`](https://huggingface.co/{hub_id})")
         try:
             record = json.loads((folder / CONVERSION_RECORD).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             record = None
-        declared = declared_license(folder)
-    elif re.fullmatch(r"[\w.-]+/[\w.-]+", name):  # a Hub repo id: its card, if the cache holds it
-        base.update(hub_id=name, description=f"[`{name}`](https://huggingface.co/{name})")
+        if isinstance(record, dict):  # a folder made by scripts/convert.py: where it came from, and its licence
+            if isinstance(record.get("source"), str):
+                base["description"] = f"a conversion of {record['source']}"
+            if isinstance(record.get("source_repo_id"), str):
+                base["hub_id"] = record["source_repo_id"]
+            declared = {
+                "license": record.get("source_license"),
+                "license_name": record.get("source_license_name"),
+                "license_link": record.get("source_license_link"),
+            }
+        elif declared["license"] is None and _depth < 8:  # a run of train.py: its own base, if it had one
+            try:
+                train_args = json.loads((folder / "train_args.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                train_args = None
+            parent = (
+                base_model_of(train_args.get("model_name_or_path"), _depth + 1)
+                if isinstance(train_args, dict)
+                else None
+            )
+            if parent is not None:
+                base["description"] += f" (itself fine-tuned from {parent['description']})"
+                base["hub_id"] = base["hub_id"] or parent["hub_id"]
+                declared = {key: parent[key] for key in declared}
+    elif is_hub_repo_id(name) and not name.startswith((".", "~")):  # a Hub id: its card, if the cache holds it
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(name, "README.md")
-        if isinstance(cached, str):
-            declared = declared_license(Path(cached).parent)
-    if isinstance(record, dict):  # a folder made by scripts/convert.py: where it came from, and its licence
-        source = record.get("source")
-        if isinstance(source, str):
-            base["description"] = f"a conversion of {source}"
-        if isinstance(record.get("source_repo_id"), str):
-            base["hub_id"] = record["source_repo_id"]
-        declared = {
-            "license": record.get("source_license"),
-            "license_name": record.get("source_license_name"),
-            "license_link": record.get("source_license_link"),
-        }
+        base.update(hub_id=name, description=f"[`{name}`](https://huggingface.co/{name})")
+        cached = [try_to_load_from_cache(name, file) for file in ("README.md", "config.json")]
+        found = [Path(path).parent for path in cached if isinstance(path, str)]
+        declared = declared_license(found[0]) if found else {**declared, "license": UNKNOWN_LICENSE}
     return {**base, **declared}
 
 

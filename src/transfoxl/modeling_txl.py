@@ -1260,7 +1260,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             # transformers' causal LMs do, but gradients of 0: dividing by it would make them nan, and the step too.
             count = torch.as_tensor(num_items_in_batch, device=losses.device)
             total = losses.sum()
-            return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+            divisor = torch.where(count > 0, count, torch.ones_like(count))  # (a count under 1 divides as it is)
+            return torch.where(count > 0, total / divisor, torch.full_like(total, float("nan")))
         return losses.sum() / (targets != -100).sum()
 
     # generate() support: the memory replaces the KV cache. Conventions (see README, "Generation with memories"):

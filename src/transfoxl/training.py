@@ -767,6 +767,7 @@ class Trainer:
             rank=self.rank,
             world_size=self.world_size,
             device=accelerator.device,
+            fingerprint=True,  # a resume checks the tokens, not only their number
         )
         self.group_rows = self.batcher.local_batch_size // args.grad_accum
         self.memories = [TxlMemory.from_config(config, args.mem_len) for _ in range(args.grad_accum)]

@@ -71,6 +71,7 @@ from .options import (
     DEFAULT_VALIDATION_FRACTION,
     add_corpus_options,
     library_progress_bars,
+    name_argument,
     path_argument,
     program_name,
 )
@@ -111,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         "model_dir", type=path_argument, metavar="MODEL_DIR", help="folder of the saved model and tokenizer"
     )
     parser.add_argument(
-        "--tokenizer", default=None, metavar="PATH", help="load the tokenizer from here (default: MODEL_DIR)"
+        "--tokenizer",
+        type=name_argument,
+        default=None,
+        metavar="PATH",
+        help="load the tokenizer from here (default: MODEL_DIR)",
     )
 
     data = parser.add_argument_group(

@@ -20,8 +20,9 @@ SPLIT_FILE_HELP = {
 
 @contextlib.contextmanager
 def library_progress_bars(enabled: bool) -> Iterator[None]:
-    """datasets' and transformers' own progress bars (loading, tokenizing, saving) on or off within the block, and as
-    they were after it (main() may run inside a test session). datasets is imported only if installed."""
+    """datasets' and transformers' own progress bars (loading, tokenizing, saving) off within the block unless
+    `enabled` (then left as the environment set them: never forced on), and as they were after it (main() may run
+    inside a test session). datasets is imported only if installed."""
     from transformers.utils import logging as transformers_logging
 
     libraries: list[Any] = [transformers_logging]  # datasets has the same three functions
@@ -37,8 +38,9 @@ def library_progress_bars(enabled: bool) -> Iterator[None]:
         else:
             library.disable_progress_bar()
 
-    for library in libraries:
-        switch(library, enabled)
+    if not enabled:
+        for library in libraries:
+            switch(library, False)
     try:
         yield
     finally:
@@ -49,9 +51,14 @@ def library_progress_bars(enabled: bool) -> Iterator[None]:
 def path_argument(value: str) -> Path:
     """argparse's `type` for a file or folder: an empty value (an unset shell variable, say) is refused rather than
     read as the current folder, where `Path("")` would put it."""
+    return Path(name_argument(value))
+
+
+def name_argument(value: str) -> str:
+    """argparse's `type` for a path kept as text (saved in train_args.json) or a path-or-Hub-id: not empty."""
     if not value.strip():
         raise argparse.ArgumentTypeError("an empty path: give a file or folder name (. for the current folder)")
-    return Path(value)
+    return value
 
 
 def program_name(script: str) -> str:
@@ -89,7 +96,12 @@ def add_corpus_options(group: argparse._ArgumentGroup, *, defaults_from_run: boo
         help="without a validation split, the last fraction of the training lines becomes one"
         + note(str(DEFAULT_VALIDATION_FRACTION)),
     )
-    group.add_argument("--cache-dir", default=None, help=f"datasets cache folder (default: {run}the datasets default)")
+    group.add_argument(
+        "--cache-dir",
+        type=name_argument,
+        default=None,
+        help=f"datasets cache folder (default: {run}the datasets default)",
+    )
     group.add_argument(
         "--add-eos",
         action=argparse.BooleanOptionalAction,

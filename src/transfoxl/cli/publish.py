@@ -16,6 +16,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from .. import hub
+from ..model_card import UNKNOWN_LICENSE
 from ..runs import RunFolderError
 from .options import path_argument, program_name
 
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument(
         "--license",
         default=None,
-        help=f"a Hub licence id, e.g. mit (default: a converted checkpoint's own, else {DEFAULT_LICENSE})",
+        help="a Hub licence id, e.g. mit (default: that of the converted checkpoint or the fine-tuned base model, "
+        f"else {DEFAULT_LICENSE})",
     )
     card.add_argument(
         "--dataset",
@@ -101,6 +103,11 @@ def choose_license(given: str | None, publication: hub.Publication) -> str:
     if given is not None:
         return given
     declared, derived = publication.source_license, publication.derived
+    if declared == UNKNOWN_LICENSE:  # a Hub base model whose card this machine does not hold: never guessed
+        raise ValueError(
+            f"{derived} ({publication.base['hub_id']}) has a licence this machine cannot read (its card is not in "
+            "the local Hub cache): pass --license, that model's licence or one its terms allow"
+        )
     if isinstance(declared, str) and LICENSE_ID.match(declared):
         print(f"licence: {declared}, {derived}'s own (--license to choose another)")
         return declared
@@ -138,7 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     for warning in publication.warnings:
         print(f"WARNING: {warning}")
-    license_id = choose_license(args.license, publication)
+    try:
+        license_id = choose_license(args.license, publication)
+    except ValueError as error:
+        parser.error(str(error))
 
     def build(folder: Path, *, link: bool = False) -> None:
         hub.write_hub_folder(publication, folder, args.repo_id, license_id, args.dataset, link=link)

@@ -43,7 +43,7 @@ from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
 from ..presets import PRESETS
 from ..runs import TRAIN_ARGS, RunFolderError, read_json_object
-from .options import add_corpus_options, library_progress_bars, path_argument, program_name
+from .options import add_corpus_options, library_progress_bars, name_argument, path_argument, program_name
 
 DEFAULT_PRESET = "char-small"
 TOKENIZER_KINDS = training.TOKENIZER_KINDS
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok = parser.add_argument_group("tokenizer")
     tok.add_argument(
         "--tokenizer",
+        type=name_argument,
         default="char",
         help=f"one of {', '.join(TOKENIZER_KINDS)} (trained on the training split), or a folder / Hub id of a "
         "saved tokenizer",
@@ -134,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tgt-len and --mem-len",
     )
     model.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help=preset_help)
-    model.add_argument("--config", default=None, help="a TxlConfig JSON file, or a folder with config.json")
+    model.add_argument(
+        "--config", type=name_argument, default=None, help="a TxlConfig JSON file, or a folder with config.json"
+    )
     for name in ("--n-layer", "--d-model", "--n-head", "--d-head", "--d-inner"):
         model.add_argument(name, type=int, default=None)
     model.add_argument("--dropout", type=float, default=None)
@@ -279,7 +282,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.preset = None  # the architecture is the model's; the training defaults are DEFAULT_PRESET's
     read_config_file(parser, args)
     global_batch_size(parser, args)
-    if args.scheduler == "constant" and args.warmup_steps:  # transformers' constant schedule has no warmup
+    # (--resume: what the command line repeats is compared with the run's own options instead, take_the_runs_options)
+    if args.scheduler == "constant" and args.warmup_steps and not args.resume:  # the constant schedule: no warmup
         fail(parser, "warmup_steps", args.warmup_steps, "0 with --scheduler constant (use constant_with_warmup)")
     fill_defaults(args, model_config)
     check_values(parser, args)
@@ -472,7 +476,7 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
                     args.tokenizer,
                     f"one of {', '.join(TOKENIZER_KINDS)}{hint}, a tokenizer folder or a Hub id",
                 )
-    if args.model_name_or_path is None:  # (fine-tuning refuses them all: check_fine_tuning_options)
+    if args.model_name_or_path is None and not args.resume:  # (fine-tuning refuses them all; a resume compares)
         check_tokenizer_options(parser, args, given)
     if args.mixed_precision == "fp16" and (args.cpu or not torch.cuda.is_available()):
         fail(parser, "mixed_precision", "fp16", "bf16 or no on a CPU (fp16 autocast needs a GPU)")

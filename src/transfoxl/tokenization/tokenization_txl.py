@@ -471,8 +471,9 @@ def train_word_level(
     Each item of `texts` is one line (a trailing newline is ignored); words are counted as the tokenizer itself
     splits them. The vocabulary is `special` first (in order), then the words by decreasing count (ties: first seen
     first, as `Counter.most_common`), each seen at least `min_freq` times, from the `max_size` most common words
-    (specials among them are not repeated): the original code's `build_vocab`. Encoding appends `eos_token` per
-    line. `progress` (optional) is called with the number of lines done after each line.
+    (specials among them are not repeated): the original code's `build_vocab`. Encoding turns each newline into
+    `eos_token` (a text without a final newline ends without one: see `build_word_level_tokenizer`). `progress`
+    (optional) is called with the number of lines done after each line.
     """
     if min_freq < 0:
         raise ValueError(f"min_freq must be >= 0, got {min_freq}")
