@@ -159,6 +159,12 @@ def test_dry_run_default_folder_lists_the_files_and_never_overwrites(run_dir, ca
         assert set(listing(run_dir / "hub-dry-run")) == PUBLISHED
         with pytest.raises(SystemExit, match="exists and is not an empty folder"):
             publish.main([str(run_dir), "--repo-id", REPO_ID, "--dry-run"])
+        a_file = run_dir.parent / "a-file"
+        a_file.write_text("mine\n")
+        with pytest.raises(SystemExit, match=r"--dry-run-dir .*a-file is a file: nothing there is replaced"):
+            publish.main([str(run_dir), "--repo-id", REPO_ID, "--dry-run", "--dry-run-dir", str(a_file)])
+        assert a_file.read_text() == "mine\n"
+        a_file.unlink()
         # A second dry run of a run folder holding a first one publishes the same files (hub-dry-run is not taken).
         again = run_dir.parent / "again"
         assert publish.main([str(run_dir), "--repo-id", REPO_ID, "--dry-run", "--dry-run-dir", str(again)]) == 0

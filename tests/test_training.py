@@ -298,6 +298,28 @@ def test_bad_options_name_the_option(options, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_cutoffs_past_the_vocabulary_are_said_when_dropped(text_files, tmp_path, capsys):
+    """--cutoffs given with a boundary past the vocabulary: the run goes on with the others and says so (review
+    finding: dropped silently)."""
+    metrics = run(text_files, tmp_path / "run", "--cutoffs", "10,5000", "--steps", "1", "--sample-len", "0")
+    printed = capsys.readouterr().out
+    assert "note: --cutoffs 5000 dropped: a cluster boundary must lie inside the vocabulary of" in printed
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["cutoffs"] == [10]
+    assert metrics["history"]["train"]
+
+
+def test_an_uncached_hub_tokenizer_offline_is_named_as_such(text_files, tmp_path, monkeypatch):
+    """Offline, a tokenizer Hub id that is not cached: said in those words, not transformers' advice to check the
+    internet connection (review finding)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(
+        SystemExit, match=r"--tokenizer someorg/not-cached: .*offline \(HF_HUB_OFFLINE\): not a folder"
+    ):
+        run(text_files, tmp_path / "run", "--tokenizer", "someorg/not-cached", "--steps", "1")
+
+
 def test_a_constant_schedule_records_no_warmup(tmp_path):
     """transformers' constant schedule has no warmup: the preset's is not recorded for it (train_args.json and the
     card would claim one), and constant_with_warmup keeps it."""

@@ -501,9 +501,10 @@ def write_dry_run_folder(build: Callable[[Path], None], destination: Path) -> No
     """Build the folder in a hidden staging folder next to `destination`, then rename it into place, so that
     `destination` appears complete or not at all. `destination` must be absent or an empty folder."""
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        what = "is a file" if not destination.is_dir() else "exists and is not an empty folder"
         raise PublishError(
-            f"--dry-run-dir {destination} exists and is not an empty folder: nothing there is replaced. Remove it or "
-            "choose another --dry-run-dir."
+            f"--dry-run-dir {destination} {what}: nothing there is replaced. Remove it, or choose another "
+            "--dry-run-dir."
         )
     destination.parent.mkdir(parents=True, exist_ok=True)
     # Not mkdtemp: its 0700 mode would stay on the published folder; mkdir gives the usual mode (umask).

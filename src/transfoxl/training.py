@@ -84,6 +84,7 @@ from .data import (
 )
 from .evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
+from .hub import offline_mode
 from .modeling_txl import TxlForCausalLM, TxlMemory
 from .presets import PRESETS, config_from_preset
 from .runs import RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
@@ -256,8 +257,10 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
         return train_byte_level_bpe(train_lines, vocab_size=args.vocab_size or BPE_VOCAB_SIZE)
     try:
         return AutoTokenizer.from_pretrained(args.tokenizer)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError):
         if args.tokenizer != args.model_name_or_path:
+            if offline_mode():  # transformers' own message asks to check the internet connection
+                error = "offline (HF_HUB_OFFLINE): not a folder, and not in the local Hub cache"
             raise SystemExit(
                 f"--tokenizer {args.tokenizer}: not one of {', '.join(TOKENIZER_KINDS)}, and no tokenizer could be "
                 f"loaded from a folder or Hub id of that name ({error})"
@@ -384,6 +387,12 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
             config = config_from_preset(args.preset, vocab_size, **overrides)
     except ValueError as error:  # the config's own checks name the field
         raise SystemExit(f"The model configuration is invalid: {error}") from None
+    dropped = [cutoff for cutoff in args.cutoffs or [] if cutoff not in config.cutoffs]
+    if dropped and PartialState().is_main_process:  # a given option changed: said once, not silently
+        print(
+            f"note: --cutoffs {', '.join(map(str, dropped))} dropped: a cluster boundary must lie inside the "
+            f"vocabulary of {vocab_size} tokens; the clusters are {config.cutoffs or 'none (one softmax)'}"
+        )
     # A language model of running text: the line-end / <eos> token must not stop generation.
     config.eos_token_id = None
     if args.attn_implementation is not None:
