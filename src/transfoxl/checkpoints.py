@@ -352,6 +352,15 @@ def load_checked(load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return (model, info) if wants_info else model
 
 
+def hub_snapshot_of(folder: Path) -> tuple[str, str] | None:
+    """("org/name", commit) for a snapshot folder of the Hub cache (`models--org--name/snapshots/<commit>`), else
+    None."""
+    parts = folder.resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/"), parts[-1]
+    return None
+
+
 def is_hub_repo_id(name: str) -> bool:
     """Whether `name` is a valid Hub repo id (`name` or `org/name`), by huggingface_hub's own rules."""
     from huggingface_hub.errors import HFValidationError

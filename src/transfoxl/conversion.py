@@ -53,6 +53,7 @@ from .checkpoints import (
     MissingShardError,
     RefusedPickleError,
     ShardIndexError,
+    hub_snapshot_of,
     weight_files,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
@@ -195,11 +196,8 @@ def is_repo_id(name: str) -> bool:
 
 
 def _cache_name(folder: Path) -> tuple[str, str | None]:
-    """("org/name", commit) for a folder of the Hub cache (`models--org--name/snapshots/<commit>`), else its name."""
-    parts = folder.resolve().parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3].removeprefix("models--").replace("--", "/"), parts[-1]
-    return folder.resolve().name, None
+    """("org/name", commit) for a folder of the Hub cache, else (its name, None)."""
+    return hub_snapshot_of(folder) or (folder.resolve().name, None)
 
 
 def read_legacy_config(folder: Path) -> TransfoXLConfig:

@@ -21,6 +21,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .checkpoints import hub_snapshot_of, is_hub_repo_id
 from .runs import TEXT_FILE_OPTIONS
 
 __all__ = ["PAPER", "TAGS", "DataSource", "card_for_conversion", "card_for_run", "eval_results", "format_number"]
@@ -297,14 +298,6 @@ def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int 
 UNKNOWN_LICENSE = "unknown"  # base_model_of's licence when the base is a Hub repo whose card this machine lacks
 
 
-def _hub_cache_name(folder: Path) -> str | None:
-    """ "org/name" for a snapshot folder of the Hub cache (`models--org--name/snapshots/<commit>`), else None."""
-    parts = folder.resolve().parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3].removeprefix("models--").replace("--", "/")
-    return None
-
-
 def base_model_of(name: Any, _depth: int = 0) -> dict[str, Any] | None:
     """What a card says of the model a run fine-tuned (`--model-name-or-path`, as train_args.json holds it: a Hub id,
     or an absolute folder): `hub_id` (for `base_model`: the id, the Hub repo of a cached snapshot or of a converted
@@ -313,14 +306,12 @@ def base_model_of(name: Any, _depth: int = 0) -> dict[str, Any] | None:
     the local cache). A base that is itself a fine-tuned run is followed to its base. None: no base."""
     if not isinstance(name, str) or not name.strip():
         return None
-    from .checkpoints import is_hub_repo_id
-
     folder = Path(name)
     base: dict[str, Any] = {"hub_id": None, "description": f"a local model folder named `{folder.name}`"}
     declared: dict[str, Any] = {"license": None, "license_name": None, "license_link": None}
     if folder.is_dir():
         declared = declared_license(folder)
-        hub_id = _hub_cache_name(folder)
+        hub_id = (hub_snapshot_of(folder) or (None,))[0]
         if hub_id is not None:
             base.update(hub_id=hub_id, description=f"[`{hub_id}`](https://huggingface.co/{hub_id})")
         try:
