@@ -437,7 +437,7 @@ def convert(
             weight_files=[path.name for path in weights],
             tokenizer_note=tokenizer_note if tokenizer is not None else None,
             verification=verification.summary() if verification is not None else None,
-            source_license=declared_license(source.folder),  # (the licence, its name and link)
+            declared=declared_license(source.folder),
             source_repo_id=source.name if "/" in source.name else None,
             version=__version__,
         )

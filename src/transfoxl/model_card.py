@@ -323,11 +323,7 @@ def base_model_of(name: Any, _depth: int = 0) -> dict[str, Any] | None:
                 base["description"] = f"a conversion of {record['source']}"
             if isinstance(record.get("source_repo_id"), str):
                 base["hub_id"] = record["source_repo_id"]
-            declared = {
-                "license": record.get("source_license"),
-                "license_name": record.get("source_license_name"),
-                "license_link": record.get("source_license_link"),
-            }
+            declared = record_license(record)
         elif declared["license"] is None and _depth < 8:  # a run of train.py: its own base, if it had one
             try:
                 train_args = json.loads((folder / "train_args.json").read_text(encoding="utf-8"))
@@ -378,11 +374,7 @@ def card_for_run(
         language="en" if source is not None and source.kind == "builtin" else None,
         model_name=repo_id.split("/")[-1] if results else None,
         base_model=(base or {}).get("hub_id") or None,
-        **(  # the Hub's fields for `license: other`, where the licence is the base model's own
-            {key: base[key] for key in ("license_name", "license_link") if base.get(key)}
-            if base and license_id == "other" == base.get("license")
-            else {}
-        ),
+        **other_license_fields(license_id, base or {}),
         eval_results=results or None,
     )
     metrics = metrics or {}
@@ -469,6 +461,23 @@ def declared_license(folder: Path) -> dict[str, Any]:
     return declared
 
 
+def record_license(record: dict[str, Any]) -> dict[str, Any]:
+    """The licence fields of a `conversion_record` (its source's), as `declared_license` gives them."""
+    return {
+        "license": record.get("source_license"),
+        "license_name": record.get("source_license_name"),
+        "license_link": record.get("source_license_link"),
+    }
+
+
+def other_license_fields(license_id: str | None, declared: dict[str, Any]) -> dict[str, str]:
+    """The Hub's `license_name` / `license_link` for a card under `license: other`, where that is the licence
+    `declared` (a `declared_license` result) for what the model derives from; else none."""
+    if license_id != "other" or declared.get("license") != "other":
+        return {}
+    return {key: declared[key] for key in ("license_name", "license_link") if declared.get(key)}
+
+
 def conversion_record(
     *,
     title: str,
@@ -477,22 +486,22 @@ def conversion_record(
     weight_files: Sequence[str],
     tokenizer_note: str | None,
     verification: str | None,
-    source_license: dict[str, Any],
+    declared: dict[str, Any],
     version: str,
     source_repo_id: str | None = None,
 ) -> dict[str, Any]:
     """What a conversion card says about where the model came from: written by `scripts/convert.py` as
     `conversion.json` beside the model, so that publishing the folder later renders the same card for its Hub id.
-    `source` is Markdown without a local path; `tokenizer_note` None without a tokenizer; `verification` the
-    comparison's summary (None: not verified)."""
+    `source` is Markdown without a local path; `declared` the source's licence (`declared_license`);
+    `tokenizer_note` None without a tokenizer; `verification` the comparison's summary (None: not verified)."""
     return {
         "title": title,
         "source": source,
         "source_repo_id": source_repo_id,  # the Hub repo converted (the card's base_model), None for a local folder
         "source_weight_files": list(weight_files),
-        "source_license": source_license.get("license"),  # a Hub id, a list of them, or None
-        "source_license_name": source_license.get("license_name"),
-        "source_license_link": source_license.get("license_link"),
+        "source_license": declared.get("license"),  # a Hub id, a list of them, or None
+        "source_license_name": declared.get("license_name"),
+        "source_license_link": declared.get("license_link"),
         "parameters": parameters,
         "tokenizer": tokenizer_note,
         "verification": verification,
@@ -512,9 +521,6 @@ def card_for_conversion(
 ) -> ModelCard:
     """The card of a converted v4 checkpoint from its `conversion_record`: `repo_id` is the folder's name (`local`,
     right after the conversion) or its Hub id (publishing)."""
-    # The Hub's fields for `license: other`, where the licence is the source's own
-    other = license_id == "other" and license_id == record.get("source_license")
-    names = {"license_name": record.get("source_license_name"), "license_link": record.get("source_license_link")}
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag="text-generation",
@@ -522,7 +528,7 @@ def card_for_conversion(
         tags=list(TAGS),
         datasets=datasets or None,
         base_model=record.get("source_repo_id") or None,
-        **({key: value for key, value in names.items() if value} if other else {}),
+        **other_license_fields(license_id, record_license(record)),
     )
     converted_by = record.get("converted_by") or "transfoxl"
     return render(
