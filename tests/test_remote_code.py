@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.utils import run_fresh_python, tiny_lm
+from transfoxl import cpp_kernels_txl
 
 LEGACY_FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
 
@@ -33,7 +34,9 @@ LOADER = textwrap.dedent(
         second = model(ids[:, 4:], past_key_values=first.past_key_values)
     generated = model.generate(ids[:1, :3], max_new_tokens=5, do_sample=False, pad_token_id=0)
     base = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    kernels = [module for name, module in sys.modules.items() if name.endswith(".cpp_kernels_txl")]
     print(json.dumps({
+        "kernel": [module.relative_attention_op() is not None for module in kernels],
         "logits": torch.cat([first.logits, second.logits], 1).tolist(),
         "generated": generated.tolist(),
         "config": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__name__,
@@ -49,6 +52,7 @@ def test_saved_model_loads_with_remote_code_in_a_fresh_process(tmp_path):
     model.save_pretrained(folder)
     saved = {path.name for path in folder.iterdir()}
     assert {"config.json", "model.safetensors", "configuration_txl.py", "modeling_txl.py"} <= saved
+    assert {"memory_txl.py", "kernels_txl.py", "cpp_kernels_txl.py", "checks_txl.py"} <= saved  # their imports
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert auto_map["AutoConfig"] == "configuration_txl.TxlConfig"
     assert auto_map["AutoModelForCausalLM"] == "modeling_txl.TxlForCausalLM"
@@ -75,6 +79,8 @@ def assert_remote_code_reproduces(model, folder, ids: torch.Tensor, tmp_path) ->
     generated = model.generate(ids[:1, :3], max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert remote["generated"] == generated.tolist()
     assert remote["config"] == "TxlConfig" and remote["base"] == "TxlModel"
+    # the folder's copy of the compiled kernel builds (or is loaded) where this machine supports it
+    assert remote["kernel"] == [cpp_kernels_txl.supported_here()]
 
 
 def test_a_model_loaded_from_a_legacy_folder_saves_a_folder_remote_code_loads(tmp_path):

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .cpp_kernels_txl import relative_attention_op
+
 
 def float32_cpu_training(*tensors: torch.Tensor) -> bool:
     """Whether a gradient will flow back to `tensors`, all float32 on the CPU, without autocast, outside
@@ -311,6 +313,55 @@ def relative_attention_by_query_blocks(
         block_output = torch.bmm(probs, value[:, :visible])  # [B H, C, D]
         output[:, start:end] = block_output.view(batch, heads, rows, head_dim).transpose(1, 2)
     return output.transpose(1, 2)  # [B, H, Q, D]
+
+
+def compiled_attention_applies(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> bool:
+    """Whether `compiled_relative_attention` applies where `relative_attention_by_query_blocks` does: float32 on the
+    CPU without autocast, a head width that is a multiple of 8, a bool mask, and the compiled kernel available here
+    (built on the first call: `cpp_kernels_txl.relative_attention_op`)."""
+    return (
+        mask is not None
+        and mask.dtype == torch.bool
+        and query.shape[-1] % 8 == 0
+        and all(
+            tensor.device.type == "cpu" and tensor.dtype == torch.float32
+            for tensor in (query, key, value, rel_key, content_bias, position_bias)
+        )
+        and not torch.is_autocast_enabled("cpu")
+        and relative_attention_op() is not None
+    )
+
+
+def compiled_relative_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scaling: float,
+) -> torch.Tensor:
+    """`relative_attention_by_query_blocks`'s contract (inference; `mask` hides every key after a query's own
+    position) in one call of the compiled kernel (`cpp_kernels_txl`): one parallel region instead of several per
+    block of queries. The output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
+    operator = relative_attention_op()
+    mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
+    # (the kernel reads any strides with the last dimension contiguous: the model's views are)
+    query, key, value, rel_key = (
+        tensor if tensor.stride(-1) == 1 else tensor.contiguous() for tensor in (query, key, value, rel_key)
+    )
+    output = operator(query, key, value, rel_key, content_bias.contiguous(), position_bias.contiguous(), mask, scaling)
+    return output.transpose(1, 2)
 
 
 def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

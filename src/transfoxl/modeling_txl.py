@@ -23,9 +23,10 @@ Paper objects and their names here (original code / transformers v4 names in bra
     the memory (Sec. 3.2)                  -> TxlMemory, in memory_txl.py          [mems]
 
 Beside this file, with tensor-only interfaces: `memory_txl.py` (the memory, a transformers `Cache`), `kernels_txl.py`
-(the hand-written CPU training kernels, each equal to its readable counterpart here) and `checks_txl.py` (the argument
-checks of every entry point). They import only torch, transformers and each other, relatively, so `save_pretrained`
-copies them all into a model folder for `trust_remote_code=True`. docs/architecture.md maps the whole package.
+(the hand-written CPU kernels, each equal to its readable counterpart here), `cpp_kernels_txl.py` (inference attention
+in C++, compiled on first use) and `checks_txl.py` (the argument checks of every entry point). They import only torch,
+transformers and each other, relatively, so `save_pretrained` copies them all into a model folder for
+`trust_remote_code=True`. docs/architecture.md maps the whole package.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ from .checks_txl import (
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .kernels_txl import (
     adaptive_nll,
+    compiled_attention_applies,
+    compiled_relative_attention,
     float32_cpu_training,
     one_query_attention,
     one_row_linear,
@@ -322,10 +325,10 @@ class TxlRelativeAttention(nn.Module):
         # parameters in place without bumping their version, so a training forward or `train()` starts anew.
         self._training_phases = 0
 
-    # Long segments in inference on a CPU attend up to `query_block` queries at a time (`kernels_txl`'s
-    # `relative_attention_by_query_blocks`), fewer where a block's `[B, H, rows, K]` scores would pass `block_bytes`:
-    # each block's scores stay in cache, the keys after its last query are skipped, and its tensors stay below the
-    # size from which glibc maps fresh pages for every allocation (docs/performance.md).
+    # Where the compiled kernel does not apply, long segments in inference on a CPU attend up to `query_block` queries
+    # at a time (`kernels_txl`'s `relative_attention_by_query_blocks`), fewer where a block's `[B, H, rows, K]` scores
+    # would pass `block_bytes`: each block's scores stay in cache, the keys after its last query are skipped, and its
+    # tensors stay below the size from which glibc maps fresh pages for every allocation (docs/performance.md).
     query_block = 64
     block_bytes = 4 * 2**20
 
@@ -335,14 +338,13 @@ class TxlRelativeAttention(nn.Module):
         fitting = self.block_bytes // (batch * heads * k_len * query.element_size())
         return min(self.query_block, max(8, fitting // 8 * 8))
 
-    def _by_query_blocks(self, arguments: tuple, dropout: float) -> bool:
-        """Whether the segment attends a block of queries at a time: inference (no input of the attention needs a
-        gradient) on a CPU, a segment longer than a block, and a causal mask (every mask the model builds for more
-        than one query). `arguments`: those of `eager_relative_attention`."""
+    def _causal_cpu_inference(self, arguments: tuple, dropout: float) -> bool:
+        """Whether the segment's attention is inference on a CPU with a causal mask (every mask the model builds for
+        more than one query): no input of the attention needs a gradient, no dropout, no tracing. There the compiled
+        kernel or the query blocks apply. `arguments`: those of `eager_relative_attention`."""
         query, mask = arguments[0], arguments[-1]
         return (
-            query.shape[2] > self.query_block
-            and mask is not None
+            mask is not None
             and dropout == 0.0
             and query.device.type == "cpu"
             and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
@@ -443,7 +445,8 @@ class TxlRelativeAttention(nn.Module):
         rel_key = self._relative_keys(positions)  # [H, K, D]
 
         # The one place where the computation path is chosen: eager (the readable reference, and the only one that
-        # returns probabilities), the CPU training kernel, or SDPA.
+        # returns probabilities), the CPU training kernel, decoding's one-query path, CPU inference's compiled kernel
+        # (cpp_kernels_txl.py) or query blocks, or SDPA.
         dropout = self.config.dropatt if self.training else 0.0
         implementation = getattr(self.config, "_attn_implementation", None) or "eager"
         arguments = (query, key, value, rel_key, content_bias, position_bias, mask)
@@ -456,7 +459,11 @@ class TxlRelativeAttention(nn.Module):
             attn_output = relative_attention(*arguments, scaling=self.scaling)
         elif q_len == 1 and dropout == 0.0:  # decoding
             attn_output = one_query_attention(*arguments, scaling=self.scaling)
-        elif self._by_query_blocks(arguments, dropout):
+        elif (causal_inference := self._causal_cpu_inference(arguments, dropout)) and compiled_attention_applies(
+            *arguments
+        ):
+            attn_output = compiled_relative_attention(*arguments, scaling=self.scaling)
+        elif causal_inference and q_len > self.query_block:
             block = self._block_rows(query, key.shape[2])
             attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=block)
         else:

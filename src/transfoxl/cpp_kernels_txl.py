@@ -1,0 +1,447 @@
+"""A compiled CPU kernel for relative attention in inference, built on first use with the machine's C++ compiler.
+
+`relative_attention_by_query_blocks` (kernels_txl.py) computes a long segment's attention a block of queries at a
+time with torch operators: about five parallel regions per block, where transformers' GPT-2 makes one SDPA call a
+layer. On a small model at batch 1 those regions' fork and join are a measurable share of a prefill, and on a busy
+machine a late thread stretches each of them (docs/performance.md). The kernel here computes the same attention in
+one parallel region a layer, one (sequence, head) per task, the way a flash-attention kernel does, with the relative
+shift inside:
+
+    for each block of 16 queries i of a head:
+        s[i, j] = ((q_i + u) . k_j + (q_i + v) . r_{M+i-j}) * scaling     for the keys j <= M + i only
+        p[i, :] = softmax(s[i, :] + mask)                                   (exp vectorised, in cache)
+        out[i]  = p[i, :] @ v
+
+where r_{M+i-j} = W_{k,R} R at distance M + i - j: with the relative keys transposed to `[D, K]`, query i's row of
+them is column j + Q - 1 - i, so the shift is an offset per query and no score is computed twice (the torch path
+computes a padded product and views it shifted). Values equal the readable path's within float32 rounding (tests).
+
+Built once per machine, torch version and CPU capability into ~/.cache/transfoxl/kernels (or $TRANSFOXL_KERNEL_CACHE),
+about 10 s; on Linux x86-64 with AVX2 and a C++ compiler (`$CXX`, else `c++`) only. Elsewhere, with
+TRANSFOXL_CPU_KERNEL=0, or if the build fails (logged once), `relative_attention_op()` returns None and the model
+uses the torch path. This file imports torch, transformers' logging and the standard library: `save_pretrained`
+copies it into a model folder with kernels_txl.py, so remote code builds the same kernel.
+
+Shapes: B batch, H heads, Q queries (segment), M memory, K = M + Q keys, D head width.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+SOURCE = r"""
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Eight floats in an AVX2 register. Rows per micro-kernel call: 4 where AVX-512VL gives 32 such registers, else 2
+// (4-row tiles would spill on 16 registers).
+struct Vec {
+  static constexpr int W = 8;
+#if defined(__AVX512VL__)
+  static constexpr int TR = 4;
+#else
+  static constexpr int TR = 2;
+#endif
+  __m256 v;
+  static Vec zero() { return {_mm256_setzero_ps()}; }
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  static Vec bcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  friend Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+  friend Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
+};
+constexpr int TR = Vec::TR;
+constexpr int64_t KEYS = 2 * Vec::W;  // keys per score tile
+constexpr int64_t ROWS = 16;  // queries per block (their scores stay in L2)
+constexpr int64_t PV_KEYS = 64;  // keys per step of the probabilities-times-values product (their values stay in L1)
+
+// exp(x) for the scores minus their row's maximum (x <= 0): Cephes' expf polynomial, within 2 ulp; 0 below -87.3.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));  // y 2^n
+}
+
+inline float horizontal_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+// dst[c][r] = src[r][c] for an 8 x 8 block (rows src_stride / dst_stride floats apart).
+inline void transpose_8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m256 row[8], pair[8];
+  for (int r = 0; r < 8; ++r) row[r] = _mm256_loadu_ps(src + r * src_stride);
+  for (int r = 0; r < 8; r += 2) {
+    pair[r] = _mm256_unpacklo_ps(row[r], row[r + 1]);
+    pair[r + 1] = _mm256_unpackhi_ps(row[r], row[r + 1]);
+  }
+  for (int r = 0; r < 8; r += 4) {
+    row[r] = _mm256_shuffle_ps(pair[r], pair[r + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    row[r + 1] = _mm256_shuffle_ps(pair[r], pair[r + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    row[r + 2] = _mm256_shuffle_ps(pair[r + 1], pair[r + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    row[r + 3] = _mm256_shuffle_ps(pair[r + 1], pair[r + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int r = 0; r < 4; ++r) {
+    _mm256_storeu_ps(dst + r * dst_stride, _mm256_permute2f128_ps(row[r], row[r + 4], 0x20));
+    _mm256_storeu_ps(dst + (r + 4) * dst_stride, _mm256_permute2f128_ps(row[r], row[r + 4], 0x31));
+  }
+}
+
+// Scores of TR rows for KEYS keys from j: s[r][j] = cq[r] . kt[:, j] + pq[r] . rt[:, j + off[r]], where kt / rt are
+// the transposed keys / relative keys [D, ld] and off[r] = Q - 1 - i_r. Content and position products go to
+// separate accumulators: independent chains keep both FMA units busy.
+inline void scores_tile(const float* cq, const float* pq, int64_t D, const float* kt, const float* rt, int64_t ld,
+                        int64_t j, const int64_t* off, float* const* s) {
+  Vec a[TR][2], p[TR][2];
+  for (int r = 0; r < TR; ++r) a[r][0] = a[r][1] = p[r][0] = p[r][1] = Vec::zero();
+  for (int64_t d = 0; d < D; ++d) {
+    const float* k = kt + d * ld + j;
+    const float* rel = rt + d * ld + j;
+    const Vec k0 = Vec::load(k), k1 = Vec::load(k + Vec::W);
+    for (int r = 0; r < TR; ++r) {
+      const Vec c = Vec::bcast(cq + r * D + d), q = Vec::bcast(pq + r * D + d);
+      a[r][0] = fma(c, k0, a[r][0]);
+      a[r][1] = fma(c, k1, a[r][1]);
+      p[r][0] = fma(q, Vec::load(rel + off[r]), p[r][0]);
+      p[r][1] = fma(q, Vec::load(rel + off[r] + Vec::W), p[r][1]);
+    }
+  }
+  for (int r = 0; r < TR; ++r) {
+    (a[r][0] + p[r][0]).store(s[r] + j);
+    (a[r][1] + p[r][1]).store(s[r] + j + Vec::W);
+  }
+}
+
+// o[r][0:C W] += sum_j p[r][j] v[j][0:C W] for TR rows (p rows ld apart, o rows D apart).
+template <int C>
+inline void values_tile(const float* p, int64_t ld, const float* v, int64_t v_stride, int64_t n, float* o,
+                        int64_t D) {
+  Vec a[TR][C];
+  for (int r = 0; r < TR; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = Vec::load(o + r * D + Vec::W * c);
+  for (int64_t j = 0; j < n; ++j) {
+    Vec vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = Vec::load(v + j * v_stride + Vec::W * c);
+    for (int r = 0; r < TR; ++r) {
+      const Vec b = Vec::bcast(p + r * ld + j);
+      for (int c = 0; c < C; ++c) a[r][c] = fma(b, vj[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < TR; ++r)
+    for (int c = 0; c < C; ++c) a[r][c].store(o + r * D + Vec::W * c);
+}
+
+}  // namespace
+
+// query [B, H, Q, D]; key, value [B, H, K, D]; rel_key [H, K, D] (row r: distance K-1-r); content_bias,
+// position_bias (u, v) [H, D]; mask [B or 1, Q, K] bool, True = hidden, hiding at least every key j > M + i.
+// Any strides with the last dimension contiguous. Returns [B, Q, H, D] (the layout the output projection reads).
+at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const at::Tensor& rel_key, const at::Tensor& content_bias,
+                                        const at::Tensor& position_bias, const at::Tensor& mask, double scaling) {
+  for (const at::Tensor* t : {&query, &key, &value, &rel_key, &content_bias, &position_bias})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->stride(-1) == 1,
+                "relative_attention_inference: float32 CPU tensors with a contiguous last dimension expected");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes() && rel_key.dim() == 3 &&
+                  mask.dim() == 3 && mask.scalar_type() == at::kBool,
+              "relative_attention_inference: query [B, H, Q, D], key / value [B, H, K, D], rel_key [H, K, D], "
+              "mask [B or 1, Q, K] (bool) expected");
+  const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
+  const int64_t K = key.size(2), M = K - Q;
+  TORCH_CHECK(key.size(0) == B && key.size(1) == H && key.size(3) == D && M >= 0 && D % Vec::W == 0 &&
+                  rel_key.size(0) == H && rel_key.size(1) == K && rel_key.size(2) == D &&
+                  content_bias.numel() == H * D && position_bias.numel() == H * D && content_bias.is_contiguous() &&
+                  position_bias.is_contiguous() && (mask.size(0) == 1 || mask.size(0) == B) && mask.size(1) == Q &&
+                  mask.size(2) == K,
+              "relative_attention_inference: mismatched shapes");
+  auto output = at::empty({B, Q, H, D}, query.options());
+  const float* query_data = query.data_ptr<float>();
+  const float* key_data = key.data_ptr<float>();
+  const float* value_data = value.data_ptr<float>();
+  const float* rel_data = rel_key.data_ptr<float>();
+  const float* u = content_bias.data_ptr<float>();
+  const float* v = position_bias.data_ptr<float>();
+  const bool* mask_data = mask.data_ptr<bool>();
+  float* output_data = output.data_ptr<float>();
+  const int64_t ld = (K + 2 * KEYS + 7) / 8 * 8;  // columns of the transposed keys: room for the last tiles' reads
+  const int64_t value_stride = value.stride(2), mask_stride = mask.stride(2);
+  const float scale = static_cast<float>(scaling), lowest = -FLT_MAX;
+
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt(D * ld), rt(D * ld), scores(ROWS * ld), cq(ROWS * D), pq(ROWS * D), out(ROWS * D);
+    std::vector<float> row_sum(ROWS);
+    std::vector<char> all_hidden(ROWS);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* q_bh = query_data + b * query.stride(0) + h * query.stride(1);
+      const float* k_bh = key_data + b * key.stride(0) + h * key.stride(1);
+      const float* v_bh = value_data + b * value.stride(0) + h * value.stride(1);
+      const float* r_h = rel_data + h * rel_key.stride(0);
+      const bool* mask_b = mask_data + (mask.size(0) == 1 ? 0 : b * mask.stride(0));
+      // Transpose the keys and relative keys to [D, ld]: a tile reads KEYS consecutive keys per width index.
+      for (int64_t d = 0; d < D; ++d) {
+        std::fill(&kt[d * ld] + K, &kt[d * ld] + ld, 0.0f);
+        std::fill(&rt[d * ld] + K, &rt[d * ld] + ld, 0.0f);
+      }
+      int64_t first = 0;
+      for (; first + 8 <= K; first += 8)
+        for (int64_t d = 0; d < D; d += 8) {
+          transpose_8x8(k_bh + first * key.stride(2) + d, key.stride(2), &kt[d * ld + first], ld);
+          transpose_8x8(r_h + first * rel_key.stride(1) + d, rel_key.stride(1), &rt[d * ld + first], ld);
+        }
+      for (int64_t j = first; j < K; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          kt[d * ld + j] = k_bh[j * key.stride(2) + d];
+          rt[d * ld + j] = r_h[j * rel_key.stride(1) + d];
+        }
+      for (int64_t start = 0; start < Q; start += ROWS) {
+        const int64_t rows = std::min(ROWS, Q - start), block_rows = (rows + TR - 1) / TR * TR;  // whole tiles
+        auto query_of = [&](int64_t r) { return start + std::min(r, rows - 1); };  // padding rows repeat the last
+        auto visible_of = [&](int64_t r) { return std::min(K, M + query_of(r) + 1); };
+        const int64_t block_visible = visible_of(block_rows - 1);  // the keys the block's last query sees
+        for (int64_t r = 0; r < block_rows; ++r) {
+          const float* q_i = q_bh + query_of(r) * query.stride(2);
+          for (int64_t d = 0; d < D; ++d) {
+            cq[r * D + d] = (q_i[d] + u[h * D + d]) * scale;
+            pq[r * D + d] = (q_i[d] + v[h * D + d]) * scale;
+          }
+        }
+        // Scores, a tile of keys at a time for all the block's rows (the tile's keys stay in L1 across rows).
+        for (int64_t j = 0; j < block_visible; j += KEYS)
+          for (int64_t r = 0; r < block_rows; r += TR) {
+            if (j >= visible_of(r + TR - 1)) continue;
+            int64_t off[TR];
+            float* rows_out[TR];
+            for (int t = 0; t < TR; ++t) {
+              off[t] = Q - 1 - query_of(r + t);
+              rows_out[t] = &scores[(r + t) * ld];
+            }
+            scores_tile(&cq[r * D], &pq[r * D], D, kt.data(), rt.data(), ld, j, off, rows_out);
+          }
+        // The mask and the softmax (not normalised: the output is divided by the row's sum at the end).
+        for (int64_t r = 0; r < block_rows; ++r) {
+          const int64_t visible = visible_of(r);
+          float* s = &scores[r * ld];
+          const bool* hidden = mask_b + query_of(r) * mask.stride(1);
+          if (mask_stride != 1 || std::memchr(hidden, 1, visible) != nullptr)
+            for (int64_t j = 0; j < visible; ++j)
+              if (hidden[j * mask_stride]) s[j] = lowest;
+          __m256 running_max = _mm256_set1_ps(lowest);
+          int64_t j = 0;
+          for (; j + 8 <= visible; j += 8) running_max = _mm256_max_ps(running_max, _mm256_loadu_ps(s + j));
+          float row_max = horizontal_max(running_max);
+          for (; j < visible; ++j) row_max = std::max(row_max, s[j]);
+          all_hidden[r] = row_max == lowest;
+          if (all_hidden[r]) {  // every key hidden: uniform over all K keys, as the readable path's softmax
+            std::fill(s, s + K, 1.0f);
+            row_sum[r] = static_cast<float>(K);
+            continue;
+          }
+          const __m256 max_vector = _mm256_set1_ps(row_max);
+          __m256 sum_vector = _mm256_setzero_ps();
+          for (j = 0; j + 8 <= visible; j += 8) {
+            const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector));
+            _mm256_storeu_ps(s + j, e);
+            sum_vector = _mm256_add_ps(sum_vector, e);
+          }
+          float sum = horizontal_sum(sum_vector);
+          for (; j < visible; ++j) {
+            s[j] = std::exp(s[j] - row_max);
+            sum += s[j];
+          }
+          row_sum[r] = sum;
+          std::fill(s + visible, s + block_visible, 0.0f);  // the values' product reads to the block's end
+        }
+        int64_t value_keys = block_visible;
+        if (std::find(all_hidden.begin(), all_hidden.begin() + block_rows, 1) != all_hidden.begin() + block_rows) {
+          value_keys = K;  // a fully hidden row averages all the values
+          for (int64_t r = 0; r < block_rows; ++r)
+            if (!all_hidden[r]) std::fill(&scores[r * ld] + block_visible, &scores[r * ld] + K, 0.0f);
+        }
+        // The probabilities times the values, PV_KEYS keys at a time for all the block's rows.
+        std::fill(out.begin(), out.end(), 0.0f);
+        for (int64_t j = 0; j < value_keys; j += PV_KEYS) {
+          const int64_t n = std::min(PV_KEYS, value_keys - j);
+          const float* v_j = v_bh + j * value_stride;
+          for (int64_t r = 0; r < block_rows; r += TR)
+            for (int64_t c = 0; c < D; c += 4 * Vec::W) {
+              const float* p = &scores[r * ld] + j;
+              float* o = &out[r * D + c];
+              switch (std::min<int64_t>(4, (D - c) / Vec::W)) {
+                case 4: values_tile<4>(p, ld, v_j + c, value_stride, n, o, D); break;
+                case 3: values_tile<3>(p, ld, v_j + c, value_stride, n, o, D); break;
+                case 2: values_tile<2>(p, ld, v_j + c, value_stride, n, o, D); break;
+                default: values_tile<1>(p, ld, v_j + c, value_stride, n, o, D); break;
+              }
+            }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const float inverse = 1.0f / row_sum[r];
+          float* o = output_data + ((b * Q + start + r) * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = out[r * D + d] * inverse;
+        }
+      }
+    }
+  });
+  return output;
+}
+
+TORCH_LIBRARY(TXL_NAMESPACE, m) {
+  m.def("relative_attention_inference(Tensor query, Tensor key, Tensor value, Tensor rel_key, Tensor content_bias, "
+        "Tensor position_bias, Tensor mask, float scaling) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) { m.impl("relative_attention_inference", &relative_attention_inference); }
+"""
+
+_ENABLE_VARIABLE = "TRANSFOXL_CPU_KERNEL"  # "0" turns the kernel off
+_CACHE_VARIABLE = "TRANSFOXL_KERNEL_CACHE"  # where built kernels are kept
+_lock = threading.Lock()
+_built: dict[str, Callable | None] = {}  # build key -> the op, or None where building failed
+
+
+def supported_here() -> bool:
+    """Whether this machine can build and run the kernel: Linux on x86-64, torch dispatching to AVX2 or AVX-512
+    (`ATEN_CPU_CAPABILITY` lowers that), and the kernel not turned off with TRANSFOXL_CPU_KERNEL=0."""
+    return (
+        os.environ.get(_ENABLE_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+        and sys.platform.startswith("linux")
+        and platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    )
+
+
+def cache_folder() -> Path:
+    """Where built kernels are kept: $TRANSFOXL_KERNEL_CACHE, else transfoxl/kernels under $XDG_CACHE_HOME or
+    ~/.cache."""
+    if os.environ.get(_CACHE_VARIABLE):
+        return Path(os.environ[_CACHE_VARIABLE])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transfoxl" / "kernels"
+
+
+def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:
+    """The compiler's command line: the flags torch's extensions get (C++20, PIC, OpenMP for at::parallel_for, the
+    C++ ABI torch was built with) plus AVX2, and AVX-512VL where torch dispatches to AVX-512 (32 registers)."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    vector_flags = ["-mavx2", "-mfma"]
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        vector_flags += ["-mavx512f", "-mavx512vl"]
+    return [
+        os.environ.get("CXX") or "c++",
+        "-O3",
+        "-std=c++20",
+        "-shared",
+        "-fPIC",
+        "-fopenmp",
+        *vector_flags,
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        f"-DTXL_NAMESPACE={namespace}",
+        *(f"-isystem{path}" for path in include_paths()),
+        str(source),
+        "-o",
+        str(library),
+        *(f"-L{path}" for path in library_paths()),
+        "-lc10",
+        "-ltorch_cpu",
+    ]
+
+
+def _build_key() -> str:
+    """Names a build: the source, torch's version, the CPU capability and the compiler asked for."""
+    parts = [SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(), os.environ.get("CXX") or "c++"]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _registered(namespace: str) -> Callable | None:
+    """The op of a build this process has loaded already (from any folder: this package's or a remote-code copy's
+    module), or None. A second library registering the same operators would abort the process."""
+    try:
+        return getattr(torch.ops, namespace).relative_attention_inference
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _build(key: str) -> Callable:
+    """Compile (unless a kept build exists) and load the kernel; returns its op. Raises where that fails."""
+    namespace = f"transfoxl_{key}"
+    if (operator := _registered(namespace)) is not None:
+        return operator
+    library = cache_folder() / f"{namespace}.so"
+    if not library.is_file():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("Building transfoxl's CPU attention kernel into %s (once; about 10 s).", library)
+        # Compiled in a private folder and moved in whole: a build cut short, or another process building the
+        # same kernel at the same time, never leaves a partial library under the kept name.
+        with tempfile.TemporaryDirectory(dir=library.parent, prefix=".building-") as folder:
+            source, partial = Path(folder) / "relative_attention.cpp", Path(folder) / library.name
+            source.write_text(SOURCE)
+            completed = subprocess.run(
+                _compile_command(source, partial, namespace), capture_output=True, text=True, timeout=600
+            )
+            if completed.returncode != 0:
+                raise RuntimeError(f"the compiler failed:\n{completed.stderr.strip()[-2000:]}")
+            os.replace(partial, library)
+    torch.ops.load_library(str(library))
+    return getattr(torch.ops, namespace).relative_attention_inference
+
+
+def relative_attention_op() -> Callable | None:
+    """The compiled kernel's op (`torch.ops.transfoxl_<key>.relative_attention_inference`, see SOURCE for its
+    contract), built on the first call; None where `supported_here()` is False or building failed (a warning says
+    why, once a process)."""
+    if not supported_here():
+        return None
+    key = _build_key()
+    if key in _built:
+        return _built[key]
+    with _lock:
+        if key not in _built:
+            try:
+                _built[key] = _build(key)
+            except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                logger.warning(
+                    "transfoxl: the CPU attention kernel could not be built (%s); long segments use the torch "
+                    "path (slower on small models). TRANSFOXL_CPU_KERNEL=0 turns the kernel off.",
+                    error,
+                )
+                _built[key] = None
+    return _built[key]

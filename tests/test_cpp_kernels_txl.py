@@ -1,0 +1,189 @@
+"""The compiled CPU attention kernel (transfoxl/cpp_kernels_txl.py) equals the readable attention, is what CPU
+inference takes where it applies, is built once and kept whole, and falls back to the torch path where it cannot be
+built or is turned off."""
+
+from __future__ import annotations
+
+import logging
+import os
+import textwrap
+
+import pytest
+import torch
+
+from tests.test_fast_paths import _attention_inputs, _mask
+from tests.test_modeling_txl import covering_ids
+from tests.utils import run_fresh_python, tiny_lm
+from transfoxl import cpp_kernels_txl
+from transfoxl.kernels_txl import compiled_attention_applies, compiled_relative_attention
+from transfoxl.modeling_txl import eager_relative_attention
+
+
+@pytest.fixture
+def kernel():
+    """The kernel's op where this machine can build it (Linux x86-64 with AVX2): it must build there."""
+    if not cpp_kernels_txl.supported_here():
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2 (and TRANSFOXL_CPU_KERNEL not 0)")
+    operator = cpp_kernels_txl.relative_attention_op()
+    assert operator is not None, "the kernel failed to build on a machine that supports it (see the warning)"
+    return operator
+
+
+@pytest.fixture
+def fresh_builds(monkeypatch, tmp_path):
+    """An empty kernel cache in tmp_path and no build remembered in this process (restored afterwards)."""
+    monkeypatch.setenv("TRANSFOXL_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cpp_kernels_txl, "_built", {})
+    return tmp_path / "kernels"
+
+
+@pytest.mark.parametrize(
+    ("batch", "q_len", "mem_len", "head_dim", "mask_kind"),
+    [
+        (1, 40, 0, 8, "causal"),  # blocks of 16 queries, the last one partial
+        (3, 37, 9, 16, "causal"),
+        (2, 2, 30, 32, "causal"),  # two queries after a long memory
+        (1, 70, 5, 64, "causal"),  # the wt103 head width
+        (3, 20, 9, 24, "padding"),  # padded keys: row 1's first and last memory positions
+        (3, 19, 12, 8, "same_length"),
+    ],
+)
+def test_compiled_attention_equals_eager(kernel, batch, q_len, mem_len, head_dim, mask_kind):
+    """Values within float32 rounding of the readable attention, for strided keys and values (views of one
+    [B, K, 2H, D] buffer, as the memory keeps them), partial blocks and tiles, and every mask the model builds."""
+    inputs = _attention_inputs(batch, 3, q_len, mem_len, head_dim=head_dim, seed=q_len + mem_len)
+    mask = _mask(mask_kind, batch, q_len, mem_len, max_mem_len=mem_len)
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=head_dim**-0.5, dropout=0.0)
+    assert compiled_attention_applies(*inputs, mask)
+    output = compiled_relative_attention(*inputs, mask, scaling=head_dim**-0.5)
+    assert output.shape == expected.shape
+    torch.testing.assert_close(output, expected, rtol=0, atol=2e-5)
+
+
+def test_compiled_attention_averages_the_values_where_a_row_hides_every_key(kernel):
+    """A query whose keys are all hidden (a padded row) gets the mean of all the values, as the readable softmax
+    over equal scores gives it; the other rows are unaffected."""
+    batch, q_len, mem_len = 2, 20, 6
+    inputs = _attention_inputs(batch, 2, q_len, mem_len, head_dim=16, seed=3)
+    mask = _mask("causal", batch, q_len, mem_len, max_mem_len=mem_len)[None, None].repeat(batch, 1, 1, 1)
+    mask[0, :, :5] = True  # the first five queries of sequence 0 see nothing
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=0.25, dropout=0.0)
+    output = compiled_relative_attention(*inputs, mask, scaling=0.25)
+    torch.testing.assert_close(output, expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(output[0, :, 0], inputs[2][0].mean(dim=1), rtol=0, atol=2e-5)
+
+
+def test_compiled_attention_does_not_apply_where_the_kernel_cannot(kernel):
+    """Float64, a head width not a multiple of 8, a float mask, CPU autocast: the torch paths."""
+    inputs = _attention_inputs(1, 2, 9, 3, head_dim=8)
+    mask = _mask("causal", 1, 9, 3, max_mem_len=3)
+    assert compiled_attention_applies(*inputs, mask)
+    assert not compiled_attention_applies(*(tensor.double() for tensor in inputs), mask)
+    assert not compiled_attention_applies(*_attention_inputs(1, 2, 9, 3, head_dim=12), mask)
+    assert not compiled_attention_applies(*inputs, mask.float())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not compiled_attention_applies(*inputs, mask)
+
+
+@pytest.mark.parametrize("kernel_on", [True, False])
+def test_inference_takes_the_compiled_kernel_or_the_torch_paths_and_matches_eager(monkeypatch, kernel_on):
+    """Through the whole model (sdpa, inference): with the kernel, every segment of two or more tokens takes it;
+    with TRANSFOXL_CPU_KERNEL=0, long segments take the query blocks and short ones SDPA. Decoded tokens take the
+    one-query path either way, and the logits equal the eager model's, segment after segment."""
+    from transfoxl import modeling_txl
+
+    if kernel_on and not cpp_kernels_txl.supported_here():
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
+    if not kernel_on:
+        monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
+    paths = {
+        "compiled_relative_attention": "compiled",
+        "relative_attention_by_query_blocks": "blocks",
+        "sdpa_relative_attention": "sdpa",
+        "one_query_attention": "one_query",
+    }
+    taken = dict.fromkeys(paths.values(), 0)
+
+    def counting(function, path):
+        def counted(*args, **kwargs):
+            taken[path] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    for name, path in paths.items():
+        monkeypatch.setattr(modeling_txl, name, counting(getattr(modeling_txl, name), path))
+    monkeypatch.setattr(modeling_txl.TxlRelativeAttention, "query_block", 5)
+    fast = tiny_lm(mem_len=16, attn_implementation="sdpa")
+    eager = tiny_lm(mem_len=16, attn_implementation="eager")
+    ids = covering_ids(97, batch=2, length=26)
+    with torch.no_grad():
+        memories = [None, None]
+        for segment in (ids[:, :12], ids[:, 12:13], ids[:, 13:14], ids[:, 14:17], ids[:, 17:]):
+            outputs = []
+            for index, model in enumerate((fast, eager)):
+                output = model(segment, past_key_values=memories[index], use_cache=True)
+                memories[index] = output.past_key_values
+                outputs.append(output.logits)
+            torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=1e-5)
+    layers = fast.config.n_layer
+    assert taken["one_query"] == 2 * layers  # the two decoded tokens
+    if kernel_on:  # the 12-, 3- and 9-token segments
+        assert (taken["compiled"], taken["blocks"], taken["sdpa"]) == (3 * layers, 0, 0)
+    else:  # 12 and 9 tokens: blocks of 5; 3 tokens: SDPA
+        assert (taken["compiled"], taken["blocks"], taken["sdpa"]) == (0, 2 * layers, layers)
+
+
+BUILD = textwrap.dedent(
+    """
+    import sys, torch
+    from transfoxl.cpp_kernels_txl import relative_attention_op
+    operator = relative_attention_op()
+    assert operator is not None, "no kernel"
+    query = torch.randn(1, 2, 3, 8)
+    mask = torch.ones(3, 3, dtype=torch.bool).triu(1)[None]
+    output = operator(query, query, query, torch.randn(2, 3, 8), torch.zeros(2, 8), torch.zeros(2, 8), mask, 1.0)
+    print(tuple(output.shape))
+    """
+)
+
+
+def test_the_kernel_is_built_once_into_its_cache_and_loaded_from_there(kernel, tmp_path):
+    """A first process compiles into the cache folder (moved in whole: one library, no partial file or build folder
+    left); a later process loads that library, with no compiler to be found."""
+    cache = tmp_path / "kernels"
+    env = {**os.environ, "TRANSFOXL_KERNEL_CACHE": str(cache)}
+    env.pop("CXX", None)
+    first = run_fresh_python(BUILD, cwd=tmp_path, env=env)
+    assert first.stdout.strip().splitlines()[-1] == "(1, 3, 2, 8)"
+    assert [path.suffix for path in cache.iterdir()] == [".so"]
+    library = next(cache.iterdir())
+    built = library.stat().st_mtime_ns
+    second = run_fresh_python(BUILD, cwd=tmp_path, env={**env, "PATH": ""})  # `c++` cannot be run now
+    assert second.stdout.strip().splitlines()[-1] == "(1, 3, 2, 8)"
+    assert list(cache.iterdir()) == [library] and library.stat().st_mtime_ns == built
+
+
+def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(fresh_builds, monkeypatch, caplog):
+    """A compiler that fails (here: $CXX names a program that exits 1) leaves no file in the cache, warns once with
+    the way to turn the kernel off, and the model's outputs come from the torch path, unchanged."""
+    if not cpp_kernels_txl.supported_here():
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
+    monkeypatch.setenv("CXX", "false")  # a different compiler: a different build key, never built
+    caplog.set_level(logging.WARNING)
+    model, eager = tiny_lm(mem_len=8, attn_implementation="sdpa"), tiny_lm(mem_len=8, attn_implementation="eager")
+    ids = covering_ids(97, batch=2, length=20)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=0, atol=1e-5)
+        model(ids)
+    warnings = [record.getMessage() for record in caplog.records if "could not be built" in record.getMessage()]
+    assert len(warnings) == 1 and "TRANSFOXL_CPU_KERNEL=0" in warnings[0]
+    assert not any(fresh_builds.iterdir())  # the failed build left nothing under the kept names
+    assert cpp_kernels_txl.relative_attention_op() is None
+
+
+def test_turned_off_by_the_environment_nothing_is_built(fresh_builds, monkeypatch):
+    monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
+    assert not cpp_kernels_txl.supported_here()
+    assert cpp_kernels_txl.relative_attention_op() is None
+    assert not os.path.exists(fresh_builds)
