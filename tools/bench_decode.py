@@ -1312,7 +1312,8 @@ def markdown(results: dict) -> str:
     setup, machine = results["setup"], results["machine"]
     header = [
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['torch_threads']} torch threads, fp32; torch "
-        f"{machine['torch']}, transformers {machine['transformers']}."
+        f"{machine['torch']}, transformers {machine['transformers']}; inference attention: "
+        f"{machine.get('attention_kernel', 'torch')}."
         + (" **Quick mode: tiny models, not a measurement.**" if setup["quick"] else ""),
     ]
     return "\n\n".join(["\n".join(header), mid_markdown(results), wt103_markdown(results)])

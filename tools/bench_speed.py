@@ -807,7 +807,8 @@ def markdown(results: dict) -> str:
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores ({machine['torch_threads']} torch threads), "
         f"torch {machine['torch']}, transformers {machine['transformers']} (transfoxl) and "
-        f"{machine['transformers_v4'] or '4.37.2 (not run)'}. Measured fp32 matmul rate: "
+        f"{machine['transformers_v4'] or '4.37.2 (not run)'}; transfoxl's inference attention: "
+        f"{machine.get('attention_kernel', 'torch')}. Measured fp32 matmul rate: "
         f"{matmul['ceiling']:.1f} GFLOP/s (best of "
         + ", ".join(
             f"{shape} {rate:.1f} before / {matmul['after'][shape]:.1f} after"

@@ -367,8 +367,8 @@ def markdown(rows: list[dict[str, Any]], sources: Mapping[str, Mapping[str, Any]
         "# Issue 17: the benchmarks against their goals",
         "",
         f"{context['date']}, `{context['command']}`. Machine: {machine['cpu']}, {machine['cores']} cores, torch "
-        f"{machine['torch']}, Python {machine['python']}; fp32 on the CPU; torch threads per part in the sources "
-        "table below.",
+        f"{machine['torch']}, Python {machine['python']}; fp32 on the CPU; CPU inference attention: "
+        f"{machine.get('attention_kernel', 'torch')}; torch threads per part in the sources table below.",
     ]
     if any(source_is_quick(source.get("data")) for source in sources.values()):
         lines += ["", "**Quick mode (tiny models) in at least one part: not a measurement.**"]

@@ -68,7 +68,8 @@ def png_bytes(figure) -> bytes:
 
 
 def machine_facts() -> dict[str, object]:
-    """The CPU, its cores, the torch version and threads, the Python version: what every benchmark records."""
+    """The CPU, its cores, the torch version and threads, the Python version, and which CPU inference attention
+    transfoxl takes (its compiled kernel, built here if need be, or the torch path): what every benchmark records."""
     import torch
 
     return {
@@ -77,4 +78,12 @@ def machine_facts() -> dict[str, object]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
+        "attention_kernel": attention_kernel(),
     }
+
+
+def attention_kernel() -> str:
+    """'compiled' where transfoxl's C++ attention kernel (transfoxl/cpp_kernels_txl.py) runs here, else 'torch'."""
+    from transfoxl.cpp_kernels_txl import relative_attention_op
+
+    return "compiled" if relative_attention_op() is not None else "torch"

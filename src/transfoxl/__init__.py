@@ -41,8 +41,8 @@ for _config_class in (TxlConfig, TransfoXLConfig):
 register_tokenizers()  # AutoTokenizer for both model types, v4 folders with only vocab.pkl / vocab.bin included
 
 # save_pretrained writes `auto_map` and copies configuration_txl.py / modeling_txl.py, and the files they import
-# relatively (memory_txl.py, kernels_txl.py, checks_txl.py), into the folder, so that plain transformers loads it with
-# trust_remote_code=True.
+# relatively (memory_txl.py, kernels_txl.py, cpp_kernels_txl.py, checks_txl.py), into the folder, so that plain
+# transformers loads it with trust_remote_code=True.
 TxlConfig.register_for_auto_class()
 TxlModel.register_for_auto_class("AutoModel")
 TxlForCausalLM.register_for_auto_class("AutoModelForCausalLM")
