@@ -15,7 +15,11 @@ from tests.test_fast_paths import _attention_inputs, _mask
 from tests.test_modeling_txl import covering_ids
 from tests.utils import run_fresh_python, tiny_lm
 from transfoxl import cpp_kernels_txl
-from transfoxl.kernels_txl import compiled_attention_applies, compiled_relative_attention
+from transfoxl.kernels_txl import (
+    compiled_attention_applies,
+    compiled_one_query_attention,
+    compiled_relative_attention,
+)
 from transfoxl.modeling_txl import eager_relative_attention
 
 
@@ -24,9 +28,9 @@ def kernel():
     """The kernel's op where this machine can build it (Linux x86-64 with AVX2): it must build there."""
     if not cpp_kernels_txl.supported_here():
         pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2 (and TRANSFOXL_CPU_KERNEL not 0)")
-    operator = cpp_kernels_txl.relative_attention_op()
-    assert operator is not None, "the kernel failed to build on a machine that supports it (see the warning)"
-    return operator
+    operators = cpp_kernels_txl.compiled_operators()
+    assert operators is not None, "the kernel failed to build on a machine that supports it (see the warning)"
+    return operators
 
 
 @pytest.fixture
@@ -60,6 +64,32 @@ def test_compiled_attention_equals_eager(kernel, batch, q_len, mem_len, head_dim
     torch.testing.assert_close(output, expected, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize(
+    ("batch", "mem_len", "head_dim", "mask_kind"),
+    [
+        (1, 0, 8, "none"),  # one key: the tail loop alone
+        (1, 40, 32, "none"),  # 41 keys: five steps of 8 and a tail
+        (3, 23, 16, "padding"),
+        (2, 30, 64, "hidden"),  # sequence 0 sees no key: the mean of its values
+        (3, 12, 24, "same_length"),
+    ],
+)
+def test_compiled_one_query_attention_equals_eager(kernel, batch, mem_len, head_dim, mask_kind):
+    """Decoding's kernel: values within float32 rounding of the readable attention, for no mask, the [1, K] and
+    [B, 1, 1, K] masks, a sequence whose keys are all hidden, and strided keys and values."""
+    inputs = _attention_inputs(batch, 3, 1, mem_len, head_dim=head_dim, seed=mem_len)
+    if mask_kind == "hidden":
+        mask = torch.zeros(batch, 1, 1, mem_len + 1, dtype=torch.bool)
+        mask[0] = True
+    else:
+        mask = _mask(mask_kind, batch, 1, mem_len, max_mem_len=mem_len)
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=0.2, dropout=0.0)
+    assert compiled_attention_applies(*inputs, mask)
+    output = compiled_one_query_attention(*inputs, mask, scaling=0.2)
+    assert output.shape == expected.shape
+    torch.testing.assert_close(output, expected, rtol=0, atol=2e-5)
+
+
 def test_compiled_attention_averages_the_values_where_a_row_hides_every_key(kernel):
     """A query whose keys are all hidden (a padded row) gets the mean of all the values, as the readable softmax
     over equal scores gives it; the other rows are unaffected."""
@@ -87,9 +117,9 @@ def test_compiled_attention_does_not_apply_where_the_kernel_cannot(kernel):
 
 @pytest.mark.parametrize("kernel_on", [True, False])
 def test_inference_takes_the_compiled_kernel_or_the_torch_paths_and_matches_eager(monkeypatch, kernel_on):
-    """Through the whole model (sdpa, inference): with the kernel, every segment of two or more tokens takes it;
-    with TRANSFOXL_CPU_KERNEL=0, long segments take the query blocks and short ones SDPA. Decoded tokens take the
-    one-query path either way, and the logits equal the eager model's, segment after segment."""
+    """Through the whole model (sdpa, inference): with the kernel, every segment of two or more tokens takes it and
+    every decoded token its one-query loop; with TRANSFOXL_CPU_KERNEL=0, long segments take the query blocks, short
+    ones SDPA, decoded tokens the one-query path. The logits equal the eager model's, segment after segment."""
     from transfoxl import modeling_txl
 
     if kernel_on and not cpp_kernels_txl.supported_here():
@@ -98,11 +128,13 @@ def test_inference_takes_the_compiled_kernel_or_the_torch_paths_and_matches_eage
         monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
     paths = {
         "compiled_relative_attention": "compiled",
+        "compiled_one_query_attention": "compiled_one_query",
         "relative_attention_by_query_blocks": "blocks",
         "sdpa_relative_attention": "sdpa",
         "one_query_attention": "one_query",
     }
     taken = dict.fromkeys(paths.values(), 0)
+    paths_on, paths_off = ("compiled", "compiled_one_query"), ("blocks", "sdpa", "one_query")
 
     def counting(function, path):
         def counted(*args, **kwargs):
@@ -127,22 +159,22 @@ def test_inference_takes_the_compiled_kernel_or_the_torch_paths_and_matches_eage
                 outputs.append(output.logits)
             torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=1e-5)
     layers = fast.config.n_layer
-    assert taken["one_query"] == 2 * layers  # the two decoded tokens
-    if kernel_on:  # the 12-, 3- and 9-token segments
-        assert (taken["compiled"], taken["blocks"], taken["sdpa"]) == (3 * layers, 0, 0)
-    else:  # 12 and 9 tokens: blocks of 5; 3 tokens: SDPA
-        assert (taken["compiled"], taken["blocks"], taken["sdpa"]) == (0, 2 * layers, layers)
+    if kernel_on:  # the 12-, 3- and 9-token segments, and the two decoded tokens
+        assert taken == {"compiled": 3 * layers, "compiled_one_query": 2 * layers, **dict.fromkeys(paths_off, 0)}
+    else:  # 12 and 9 tokens: blocks of 5; 3 tokens: SDPA; the decoded tokens: the one-query path
+        assert taken == {"blocks": 2 * layers, "sdpa": layers, "one_query": 2 * layers, **dict.fromkeys(paths_on, 0)}
 
 
 BUILD = textwrap.dedent(
     """
     import sys, torch
-    from transfoxl.cpp_kernels_txl import relative_attention_op
-    operator = relative_attention_op()
-    assert operator is not None, "no kernel"
+    from transfoxl.cpp_kernels_txl import compiled_operators
+    operators = compiled_operators()
+    assert operators is not None, "no kernel"
     query = torch.randn(1, 2, 3, 8)
     mask = torch.ones(3, 3, dtype=torch.bool).triu(1)[None]
-    output = operator(query, query, query, torch.randn(2, 3, 8), torch.zeros(2, 8), torch.zeros(2, 8), mask, 1.0)
+    bias = torch.zeros(2, 8)
+    output = operators.relative_attention_inference(query, query, query, torch.randn(2, 3, 8), bias, bias, mask, 1.0)
     print(tuple(output.shape))
     """
 )
@@ -179,11 +211,11 @@ def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(fresh_build
     warnings = [record.getMessage() for record in caplog.records if "could not be built" in record.getMessage()]
     assert len(warnings) == 1 and "TRANSFOXL_CPU_KERNEL=0" in warnings[0]
     assert not any(fresh_builds.iterdir())  # the failed build left nothing under the kept names
-    assert cpp_kernels_txl.relative_attention_op() is None
+    assert cpp_kernels_txl.compiled_operators() is None
 
 
 def test_turned_off_by_the_environment_nothing_is_built(fresh_builds, monkeypatch):
     monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
     assert not cpp_kernels_txl.supported_here()
-    assert cpp_kernels_txl.relative_attention_op() is None
+    assert cpp_kernels_txl.compiled_operators() is None
     assert not os.path.exists(fresh_builds)

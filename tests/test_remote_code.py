@@ -36,7 +36,7 @@ LOADER = textwrap.dedent(
     base = AutoModel.from_pretrained(folder, trust_remote_code=True)
     kernels = [module for name, module in sys.modules.items() if name.endswith(".cpp_kernels_txl")]
     print(json.dumps({
-        "kernel": [module.relative_attention_op() is not None for module in kernels],
+        "kernel": [module.compiled_operators() is not None for module in kernels],
         "logits": torch.cat([first.logits, second.logits], 1).tolist(),
         "generated": generated.tolist(),
         "config": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__name__,

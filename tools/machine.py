@@ -84,6 +84,6 @@ def machine_facts() -> dict[str, object]:
 
 def attention_kernel() -> str:
     """'compiled' where transfoxl's C++ attention kernel (transfoxl/cpp_kernels_txl.py) runs here, else 'torch'."""
-    from transfoxl.cpp_kernels_txl import relative_attention_op
+    from transfoxl.cpp_kernels_txl import compiled_operators
 
-    return "compiled" if relative_attention_op() is not None else "torch"
+    return "compiled" if compiled_operators() is not None else "torch"

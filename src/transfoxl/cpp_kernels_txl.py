@@ -1,4 +1,4 @@
-"""A compiled CPU kernel for relative attention in inference, built on first use with the machine's C++ compiler.
+"""Compiled CPU kernels for relative attention in inference, built on first use with the machine's C++ compiler.
 
 `relative_attention_by_query_blocks` (kernels_txl.py) computes a long segment's attention a block of queries at a
 time with torch operators: about five parallel regions per block, where transformers' GPT-2 makes one SDPA call a
@@ -14,11 +14,13 @@ shift inside:
 
 where r_{M+i-j} = W_{k,R} R at distance M + i - j: with the relative keys transposed to `[D, K]`, query i's row of
 them is column j + Q - 1 - i, so the shift is an offset per query and no score is computed twice (the torch path
-computes a padded product and views it shifted). Values equal the readable path's within float32 rounding (tests).
+computes a padded product and views it shifted). Decoding (one query per sequence) has its own loop: one call a
+layer for the six of `kernels_txl.one_query_attention`, each key's row read in place. Values equal the readable
+path's within float32 rounding (tests).
 
 Built once per machine, torch version and CPU capability into ~/.cache/transfoxl/kernels (or $TRANSFOXL_KERNEL_CACHE),
 about 10 s; on Linux x86-64 with AVX2 and a C++ compiler (`$CXX`, else `c++`) only. Elsewhere, with
-TRANSFOXL_CPU_KERNEL=0, or if the build fails (logged once), `relative_attention_op()` returns None and the model
+TRANSFOXL_CPU_KERNEL=0, or if the build fails (logged once), `compiled_operators()` returns None and the model
 uses the torch path. This file imports torch, transformers' logging and the standard library: `save_pretrained`
 copies it into a model folder with kernels_txl.py, so remote code builds the same kernel.
 
@@ -34,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -325,17 +326,138 @@ at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tenso
   return output;
 }
 
+namespace {
+
+// The sums of eight vectors' lanes: [sum(a[0]), ..., sum(a[7])].
+inline __m256 eight_sums(const __m256* a) {
+  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+}  // namespace
+
+// One query per sequence (decoding): query [B, H, 1, D]; key, value [B, H, K, D]; rel_key [H, K, D]; the biases
+// [H, D]; mask [B or 1, K] bool (True = hidden) or none. A single query needs no shift (its relative key j is row j),
+// and no transposition: each row of the keys, relative keys and values is read once, in place, 8 keys per step.
+// Returns [B, H, 1, D].
+at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const at::Tensor& rel_key, const at::Tensor& content_bias,
+                                        const at::Tensor& position_bias, const std::optional<at::Tensor>& mask,
+                                        double scaling) {
+  for (const at::Tensor* t : {&query, &key, &value, &rel_key, &content_bias, &position_bias})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->stride(-1) == 1,
+                "relative_attention_one_query: float32 CPU tensors with a contiguous last dimension expected");
+  TORCH_CHECK(query.dim() == 4 && query.size(2) == 1 && key.dim() == 4 && value.sizes() == key.sizes() &&
+                  rel_key.dim() == 3,
+              "relative_attention_one_query: query [B, H, 1, D], key / value [B, H, K, D], rel_key [H, K, D]");
+  const int64_t B = query.size(0), H = query.size(1), D = query.size(3), K = key.size(2);
+  TORCH_CHECK(key.size(0) == B && key.size(1) == H && key.size(3) == D && D % Vec::W == 0 && rel_key.size(0) == H &&
+                  rel_key.size(1) == K && rel_key.size(2) == D && content_bias.numel() == H * D &&
+                  position_bias.numel() == H * D && content_bias.is_contiguous() && position_bias.is_contiguous(),
+              "relative_attention_one_query: mismatched shapes");
+  const bool masked = mask.has_value() && mask->defined();
+  if (masked)
+    TORCH_CHECK(mask->dim() == 2 && mask->scalar_type() == at::kBool && (mask->size(0) == 1 || mask->size(0) == B) &&
+                    mask->size(1) == K,
+                "relative_attention_one_query: mask [B or 1, K] (bool) expected");
+  auto output = at::empty({B, H, 1, D}, query.options());
+  const float* query_data = query.data_ptr<float>();
+  const float* key_data = key.data_ptr<float>();
+  const float* value_data = value.data_ptr<float>();
+  const float* rel_data = rel_key.data_ptr<float>();
+  const float* u = content_bias.data_ptr<float>();
+  const float* v = position_bias.data_ptr<float>();
+  float* output_data = output.data_ptr<float>();
+  const int64_t key_stride = key.stride(2), rel_stride = rel_key.stride(1), value_stride = value.stride(2);
+  const float scale = static_cast<float>(scaling), lowest = -FLT_MAX;
+
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> cq(D), pq(D), scores(K + Vec::W);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* q = query_data + b * query.stride(0) + h * query.stride(1);
+      const float* k_bh = key_data + b * key.stride(0) + h * key.stride(1);
+      const float* v_bh = value_data + b * value.stride(0) + h * value.stride(1);
+      const float* r_h = rel_data + h * rel_key.stride(0);
+      for (int64_t d = 0; d < D; ++d) {
+        cq[d] = (q[d] + u[h * D + d]) * scale;
+        pq[d] = (q[d] + v[h * D + d]) * scale;
+      }
+      // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end)
+      int64_t j = 0;
+      for (; j + 8 <= K; j += 8) {
+        __m256 acc[8];
+        for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 c = _mm256_loadu_ps(&cq[d]), p = _mm256_loadu_ps(&pq[d]);
+          for (int t = 0; t < 8; ++t) {
+            acc[t] = _mm256_fmadd_ps(c, _mm256_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
+            acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
+          }
+        }
+        _mm256_storeu_ps(&scores[j], eight_sums(acc));
+      }
+      for (; j < K; ++j) {
+        float sum = 0.0f;
+        for (int64_t d = 0; d < D; ++d) sum += cq[d] * k_bh[j * key_stride + d] + pq[d] * r_h[j * rel_stride + d];
+        scores[j] = sum;
+      }
+      if (masked) {
+        const bool* hidden = mask->data_ptr<bool>() + (mask->size(0) == 1 ? 0 : b * mask->stride(0));
+        for (j = 0; j < K; ++j)
+          if (hidden[j * mask->stride(1)]) scores[j] = lowest;
+      }
+      __m256 running_max = _mm256_set1_ps(lowest);
+      for (j = 0; j + 8 <= K; j += 8) running_max = _mm256_max_ps(running_max, _mm256_loadu_ps(&scores[j]));
+      float row_max = horizontal_max(running_max);
+      for (; j < K; ++j) row_max = std::max(row_max, scores[j]);
+      const __m256 max_vector = _mm256_set1_ps(row_max);
+      __m256 sum_vector = _mm256_setzero_ps();
+      for (j = 0; j + 8 <= K; j += 8) {  // (every key hidden: all scores equal, a uniform average, as eager's)
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(&scores[j]), max_vector));
+        _mm256_storeu_ps(&scores[j], e);
+        sum_vector = _mm256_add_ps(sum_vector, e);
+      }
+      float sum = horizontal_sum(sum_vector);
+      for (; j < K; ++j) {
+        scores[j] = std::exp(scores[j] - row_max);
+        sum += scores[j];
+      }
+      const __m256 inverse = _mm256_set1_ps(1.0f / sum);
+      float* o = output_data + (b * H + h) * D;
+      for (int64_t c = 0; c < D; c += 32) {  // up to four registers of the output at a time
+        const int chunks = static_cast<int>(std::min<int64_t>(4, (D - c) / 8));
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (j = 0; j < K; ++j) {
+          const __m256 p = _mm256_broadcast_ss(&scores[j]);
+          const float* row = v_bh + j * value_stride + c;
+          for (int t = 0; t < chunks; ++t) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * t), acc[t]);
+        }
+        for (int t = 0; t < chunks; ++t) _mm256_storeu_ps(o + c + 8 * t, _mm256_mul_ps(acc[t], inverse));
+      }
+    }
+  });
+  return output;
+}
+
 TORCH_LIBRARY(TXL_NAMESPACE, m) {
   m.def("relative_attention_inference(Tensor query, Tensor key, Tensor value, Tensor rel_key, Tensor content_bias, "
         "Tensor position_bias, Tensor mask, float scaling) -> Tensor");
+  m.def("relative_attention_one_query(Tensor query, Tensor key, Tensor value, Tensor rel_key, Tensor content_bias, "
+        "Tensor position_bias, Tensor? mask, float scaling) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) { m.impl("relative_attention_inference", &relative_attention_inference); }
+TORCH_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
+  m.impl("relative_attention_inference", &relative_attention_inference);
+  m.impl("relative_attention_one_query", &relative_attention_one_query);
+}
 """
 
 _ENABLE_VARIABLE = "TRANSFOXL_CPU_KERNEL"  # "0" turns the kernel off
 _CACHE_VARIABLE = "TRANSFOXL_KERNEL_CACHE"  # where built kernels are kept
 _lock = threading.Lock()
-_built: dict[str, Callable | None] = {}  # build key -> the op, or None where building failed
+_built: dict[str, object | None] = {}  # build key -> the operators, or None where building failed
 
 
 def supported_here() -> bool:
@@ -391,20 +513,21 @@ def _build_key() -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def _registered(namespace: str) -> Callable | None:
-    """The op of a build this process has loaded already (from any folder: this package's or a remote-code copy's
-    module), or None. A second library registering the same operators would abort the process."""
+def _registered(namespace: str) -> object | None:
+    """The operators of a build this process has loaded already (from any folder: this package's or a remote-code
+    copy's module), or None. A second library registering the same operators would abort the process."""
     try:
-        return getattr(torch.ops, namespace).relative_attention_inference
+        getattr(torch.ops, namespace).relative_attention_inference  # noqa: B018  (raises if not registered)
     except (AttributeError, RuntimeError):
         return None
+    return getattr(torch.ops, namespace)
 
 
-def _build(key: str) -> Callable:
-    """Compile (unless a kept build exists) and load the kernel; returns its op. Raises where that fails."""
+def _build(key: str) -> object:
+    """Compile (unless a kept build exists) and load the kernel; returns its operators. Raises where that fails."""
     namespace = f"transfoxl_{key}"
-    if (operator := _registered(namespace)) is not None:
-        return operator
+    if (operators := _registered(namespace)) is not None:
+        return operators
     library = cache_folder() / f"{namespace}.so"
     if not library.is_file():
         library.parent.mkdir(parents=True, exist_ok=True)
@@ -421,13 +544,13 @@ def _build(key: str) -> Callable:
                 raise RuntimeError(f"the compiler failed:\n{completed.stderr.strip()[-2000:]}")
             os.replace(partial, library)
     torch.ops.load_library(str(library))
-    return getattr(torch.ops, namespace).relative_attention_inference
+    return getattr(torch.ops, namespace)
 
 
-def relative_attention_op() -> Callable | None:
-    """The compiled kernel's op (`torch.ops.transfoxl_<key>.relative_attention_inference`, see SOURCE for its
-    contract), built on the first call; None where `supported_here()` is False or building failed (a warning says
-    why, once a process)."""
+def compiled_operators() -> object | None:
+    """The compiled kernel's operators, built on the first call: `relative_attention_inference` (a segment of
+    queries) and `relative_attention_one_query` (decoding), `torch.ops.transfoxl_<key>.*` (SOURCE has their
+    contracts); None where `supported_here()` is False or building failed (a warning says why, once a process)."""
     if not supported_here():
         return None
     key = _build_key()
@@ -439,7 +562,7 @@ def relative_attention_op() -> Callable | None:
                 _built[key] = _build(key)
             except (OSError, RuntimeError, subprocess.SubprocessError) as error:
                 logger.warning(
-                    "transfoxl: the CPU attention kernel could not be built (%s); long segments use the torch "
+                    "transfoxl: the CPU attention kernel could not be built (%s); CPU inference uses the torch "
                     "path (slower on small models). TRANSFOXL_CPU_KERNEL=0 turns the kernel off.",
                     error,
                 )

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .cpp_kernels_txl import relative_attention_op
+from .cpp_kernels_txl import compiled_operators
 
 
 def float32_cpu_training(*tensors: torch.Tensor) -> bool:
@@ -324,20 +324,24 @@ def compiled_attention_applies(
     position_bias: torch.Tensor,
     mask: torch.Tensor | None,
 ) -> bool:
-    """Whether `compiled_relative_attention` applies where `relative_attention_by_query_blocks` does: float32 on the
-    CPU without autocast, a head width that is a multiple of 8, a bool mask, and the compiled kernel available here
-    (built on the first call: `cpp_kernels_txl.relative_attention_op`)."""
+    """Whether the compiled kernels (`cpp_kernels_txl`, built on the first call) can compute this attention:
+    float32 on the CPU without autocast, a head width that is a multiple of 8, a bool mask or none, and the kernel
+    available here. The caller decides where inference allows them (they have no backward)."""
     return (
-        mask is not None
-        and mask.dtype == torch.bool
+        (mask is None or mask.dtype == torch.bool)
         and query.shape[-1] % 8 == 0
         and all(
             tensor.device.type == "cpu" and tensor.dtype == torch.float32
             for tensor in (query, key, value, rel_key, content_bias, position_bias)
         )
         and not torch.is_autocast_enabled("cpu")
-        and relative_attention_op() is not None
+        and compiled_operators() is not None
     )
+
+
+def _last_dimension_contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The kernels read any strides with the last dimension contiguous (the model's views are)."""
+    return [tensor if tensor.stride(-1) == 1 else tensor.contiguous() for tensor in tensors]
 
 
 def compiled_relative_attention(
@@ -352,16 +356,33 @@ def compiled_relative_attention(
     scaling: float,
 ) -> torch.Tensor:
     """`relative_attention_by_query_blocks`'s contract (inference; `mask` hides every key after a query's own
-    position) in one call of the compiled kernel (`cpp_kernels_txl`): one parallel region instead of several per
-    block of queries. The output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
-    operator = relative_attention_op()
+    position) in one call of the compiled kernel: one parallel region instead of several per block of queries. The
+    output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
     mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
-    # (the kernel reads any strides with the last dimension contiguous: the model's views are)
-    query, key, value, rel_key = (
-        tensor if tensor.stride(-1) == 1 else tensor.contiguous() for tensor in (query, key, value, rel_key)
+    output = compiled_operators().relative_attention_inference(
+        *_last_dimension_contiguous(query, key, value, rel_key, content_bias, position_bias), mask, scaling
     )
-    output = operator(query, key, value, rel_key, content_bias.contiguous(), position_bias.contiguous(), mask, scaling)
     return output.transpose(1, 2)
+
+
+def compiled_one_query_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scaling: float,
+) -> torch.Tensor:
+    """`one_query_attention`'s contract (decoding, inference; mask `[1, K]` or `[B, 1, 1, K]` or None) in one call
+    of the compiled kernel instead of six: the output `[B, H, 1, D]`."""
+    if mask is not None:
+        mask = mask if mask.dim() == 2 else mask[:, 0, 0]  # [1 or B, K]
+    return compiled_operators().relative_attention_one_query(
+        *_last_dimension_contiguous(query, key, value, rel_key, content_bias, position_bias), mask, scaling
+    )
 
 
 def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

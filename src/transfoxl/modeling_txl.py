@@ -71,6 +71,7 @@ from .configuration_txl import TransfoXLConfig, TxlConfig
 from .kernels_txl import (
     adaptive_nll,
     compiled_attention_applies,
+    compiled_one_query_attention,
     compiled_relative_attention,
     float32_cpu_training,
     one_query_attention,
@@ -338,15 +339,14 @@ class TxlRelativeAttention(nn.Module):
         fitting = self.block_bytes // (batch * heads * k_len * query.element_size())
         return min(self.query_block, max(8, fitting // 8 * 8))
 
-    def _causal_cpu_inference(self, arguments: tuple, dropout: float) -> bool:
-        """Whether the segment's attention is inference on a CPU with a causal mask (every mask the model builds for
-        more than one query): no input of the attention needs a gradient, no dropout, no tracing. There the compiled
-        kernel or the query blocks apply. `arguments`: those of `eager_relative_attention`."""
-        query, mask = arguments[0], arguments[-1]
+    @staticmethod
+    def _cpu_inference(arguments: tuple, dropout: float) -> bool:
+        """Whether the attention is inference on a CPU: no input needs a gradient, no dropout, no tracing. There the
+        compiled kernels (no backward) or the query blocks (out= passes) may apply. `arguments`: those of
+        `eager_relative_attention`."""
         return (
-            mask is not None
-            and dropout == 0.0
-            and query.device.type == "cpu"
+            dropout == 0.0
+            and arguments[0].device.type == "cpu"
             and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
             and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
         )
@@ -458,12 +458,17 @@ class TxlRelativeAttention(nn.Module):
         elif relative_attention_applies(query, key, value, rel_key, dropout):
             attn_output = relative_attention(*arguments, scaling=self.scaling)
         elif q_len == 1 and dropout == 0.0:  # decoding
-            attn_output = one_query_attention(*arguments, scaling=self.scaling)
-        elif (causal_inference := self._causal_cpu_inference(arguments, dropout)) and compiled_attention_applies(
+            if self._cpu_inference(arguments, dropout) and compiled_attention_applies(*arguments):
+                attn_output = compiled_one_query_attention(*arguments, scaling=self.scaling)
+            else:
+                attn_output = one_query_attention(*arguments, scaling=self.scaling)
+        # Longer segments: the mask is causal (every mask the model builds for more than one query), which the
+        # compiled kernel and the query blocks rely on.
+        elif (causal := mask is not None and self._cpu_inference(arguments, dropout)) and compiled_attention_applies(
             *arguments
         ):
             attn_output = compiled_relative_attention(*arguments, scaling=self.scaling)
-        elif causal_inference and q_len > self.query_block:
+        elif causal and q_len > self.query_block:
             block = self._block_rows(query, key.shape[2])
             attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=block)
         else:
