@@ -196,7 +196,15 @@ def test_the_kernel_is_built_once_into_its_cache_and_loaded_from_there(kernel, t
     assert list(cache.iterdir()) == [library] and library.stat().st_mtime_ns == built
 
 
-def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(fresh_builds, monkeypatch, caplog):
+@pytest.mark.reliability(
+    "model input",
+    "no working C++ compiler for the CPU attention kernel ($CXX fails)",
+    "one warning naming the cause and TRANSFOXL_CPU_KERNEL=0; nothing left in the kernel cache; the torch path's "
+    "outputs",
+)
+def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(
+    fresh_builds, monkeypatch, caplog, record_property
+):
     """A compiler that fails (here: $CXX names a program that exits 1) leaves no file in the cache, warns once with
     the way to turn the kernel off, and the model's outputs come from the torch path, unchanged."""
     if not cpp_kernels_txl.supported_here():
@@ -212,6 +220,7 @@ def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(fresh_build
     assert len(warnings) == 1 and "TRANSFOXL_CPU_KERNEL=0" in warnings[0]
     assert not any(fresh_builds.iterdir())  # the failed build left nothing under the kept names
     assert cpp_kernels_txl.compiled_operators() is None
+    record_property("outcome", warnings[0].splitlines()[0])
 
 
 def test_turned_off_by_the_environment_nothing_is_built(fresh_builds, monkeypatch):

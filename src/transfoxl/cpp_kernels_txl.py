@@ -537,11 +537,13 @@ def _build(key: str) -> object:
         with tempfile.TemporaryDirectory(dir=library.parent, prefix=".building-") as folder:
             source, partial = Path(folder) / "relative_attention.cpp", Path(folder) / library.name
             source.write_text(SOURCE)
-            completed = subprocess.run(
-                _compile_command(source, partial, namespace), capture_output=True, text=True, timeout=600
-            )
+            command = _compile_command(source, partial, namespace)
+            completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
             if completed.returncode != 0:
-                raise RuntimeError(f"the compiler failed:\n{completed.stderr.strip()[-2000:]}")
+                errors = "\n".join(completed.stderr.strip().splitlines()[-20:])
+                raise RuntimeError(
+                    f"{command[0]} exited with status {completed.returncode}" + (f":\n{errors}" * bool(errors))
+                )
             os.replace(partial, library)
     torch.ops.load_library(str(library))
     return getattr(torch.ops, namespace)
