@@ -29,6 +29,7 @@ Shapes: B batch, H heads, Q queries (segment), M memory, K = M + Q keys, D head 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -77,6 +78,14 @@ constexpr int TR = Vec::TR;
 constexpr int64_t KEYS = 2 * Vec::W;  // keys per score tile
 constexpr int64_t ROWS = 16;  // queries per block (their scores stay in L2)
 constexpr int64_t PV_KEYS = 64;  // keys per step of the probabilities-times-values product (their values stay in L1)
+
+// The (sequence, head) tasks per chunk of at::parallel_for: enough that a chunk does at least ATen's grain of work
+// (about `work` multiply-adds a task), so that a small call runs on the calling thread instead of waking the pool's
+// threads, which costs more than it saves and, on a virtual machine, now and then milliseconds.
+inline int64_t tasks_per_chunk(int64_t work) {
+  constexpr int64_t grain = 32768;  // at::internal::GRAIN_SIZE, what ATen's element-wise operators take
+  return std::max<int64_t>(1, grain / std::max<int64_t>(1, work));
+}
 
 // exp(x) for the scores minus their row's maximum (x <= 0): Cephes' expf polynomial, within 2 ulp; 0 below -87.3.
 inline __m256 exp_nonpositive(__m256 x) {
@@ -207,7 +216,7 @@ at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tenso
   const int64_t value_stride = value.stride(2), mask_stride = mask.stride(2);
   const float scale = static_cast<float>(scaling), lowest = -FLT_MAX;
 
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, B * H, tasks_per_chunk(Q * K * D), [&](int64_t begin, int64_t end) {
     std::vector<float> kt(D * ld), rt(D * ld), scores(ROWS * ld), cq(ROWS * D), pq(ROWS * D), out(ROWS * D);
     std::vector<float> row_sum(ROWS);
     std::vector<char> all_hidden(ROWS);
@@ -373,7 +382,7 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
   const int64_t key_stride = key.stride(2), rel_stride = rel_key.stride(1), value_stride = value.stride(2);
   const float scale = static_cast<float>(scaling), lowest = -FLT_MAX;
 
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, B * H, tasks_per_chunk(K * D), [&](int64_t begin, int64_t end) {
     std::vector<float> cq(D), pq(D), scores(K + Vec::W);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
@@ -462,10 +471,16 @@ _built: dict[str, object | None] = {}  # build key -> the operators, or None whe
 
 def supported_here() -> bool:
     """Whether this machine can build and run the kernel: Linux on x86-64, torch dispatching to AVX2 or AVX-512
-    (`ATEN_CPU_CAPABILITY` lowers that), and the kernel not turned off with TRANSFOXL_CPU_KERNEL=0."""
+    (`ATEN_CPU_CAPABILITY` lowers that), and the kernel not turned off with TRANSFOXL_CPU_KERNEL=0. (Called for every
+    layer of every forward: the machine's part is looked up once.)"""
+    enabled = os.environ.get(_ENABLE_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+    return enabled and _machine_supported()
+
+
+@functools.cache
+def _machine_supported() -> bool:
     return (
-        os.environ.get(_ENABLE_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
-        and sys.platform.startswith("linux")
+        sys.platform.startswith("linux")
         and platform.machine().lower() in ("x86_64", "amd64")
         and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     )
@@ -509,7 +524,12 @@ def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:
 
 def _build_key() -> str:
     """Names a build: the source, torch's version, the CPU capability and the compiler asked for."""
-    parts = [SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(), os.environ.get("CXX") or "c++"]
+    return _build_key_for(os.environ.get("CXX") or "c++")
+
+
+@functools.cache
+def _build_key_for(compiler: str) -> str:
+    parts = [SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(), compiler]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
