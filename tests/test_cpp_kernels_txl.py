@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,6 +104,24 @@ def test_compiled_attention_averages_the_values_where_a_row_hides_every_key(kern
     torch.testing.assert_close(output[0, :, 0], inputs[2][0].mean(dim=1), rtol=0, atol=2e-5)
 
 
+def test_compiled_attention_keeps_nan_where_eager_gives_it(kernel):
+    """A NaN in a key the queries see makes their outputs NaN, as in the readable attention (a clamp in the
+    vectorised exp must not turn a NaN score into a zero probability), in both kernels."""
+    inputs = list(_attention_inputs(1, 2, 6, 10, head_dim=16, seed=5))
+    inputs[1] = inputs[1].clone()
+    inputs[1][0, 0, 3, 0] = float("nan")  # memory key 3 of head 0: every query sees it
+    mask = _mask("causal", 1, 6, 10, max_mem_len=10)
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=0.25, dropout=0.0)
+    output = compiled_relative_attention(*inputs, mask, scaling=0.25)
+    assert expected[0, 0].isnan().all() and not expected[0, 1].isnan().any()
+    torch.testing.assert_close(output, expected, rtol=0, atol=2e-5, equal_nan=True)
+    one = [inputs[0][:, :, -1:], *inputs[1:]]
+    expected_one, _ = eager_relative_attention(*one, None, scaling=0.25, dropout=0.0)
+    torch.testing.assert_close(
+        compiled_one_query_attention(*one, None, scaling=0.25), expected_one, rtol=0, atol=2e-5, equal_nan=True
+    )
+
+
 def test_compiled_attention_does_not_apply_where_the_kernel_cannot(kernel):
     """Float64, a head width not a multiple of 8, a float mask, CPU autocast: the torch paths."""
     inputs = _attention_inputs(1, 2, 9, 3, head_dim=8)
@@ -165,6 +184,28 @@ def test_inference_takes_the_compiled_kernel_or_the_torch_paths_and_matches_eage
         assert taken == {"blocks": 2 * layers, "sdpa": layers, "one_query": 2 * layers, **dict.fromkeys(paths_on, 0)}
 
 
+def test_a_traced_model_holds_no_compiled_operator(kernel):
+    """torch.jit.trace records the portable torch path, not this machine's compiled operators: a traced model saved
+    here must load where the kernel was never built."""
+    model = tiny_lm(mem_len=8, attn_implementation="sdpa")
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(ids, use_cache=False).logits
+
+    ids = covering_ids(97, batch=2, length=12)
+    with torch.no_grad():
+        traced = torch.jit.trace(Logits(), ids, check_trace=False)
+        expected = model(ids, use_cache=False).logits
+    assert not [node.kind() for node in traced.inlined_graph.nodes() if "transfoxl" in node.kind()]
+    with torch.no_grad():
+        torch.testing.assert_close(traced(ids), expected, rtol=0, atol=1e-5)
+
+
 BUILD = textwrap.dedent(
     """
     import sys, torch
@@ -221,6 +262,17 @@ def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(
     assert not any(fresh_builds.iterdir())  # the failed build left nothing under the kept names
     assert cpp_kernels_txl.compiled_operators() is None
     record_property("outcome", warnings[0].splitlines()[0])
+
+
+def test_cxx_may_hold_arguments_and_names_a_build_of_its_own(kernel, monkeypatch):
+    """CXX="ccache g++" is split as a shell splits it (a compiler and its argument); the compiler and every flag
+    are part of the build's name, so another compiler never loads a library built by the first."""
+    monkeypatch.setenv("CXX", "env  LC_ALL=C c++")  # a command and its arguments, as ccache would be
+    command = cpp_kernels_txl._compile_command(Path("k.cpp"), Path("k.so"), "ns")
+    assert command[:3] == ["env", "LC_ALL=C", "c++"]
+    with_arguments = cpp_kernels_txl._build_key()
+    monkeypatch.delenv("CXX")
+    assert cpp_kernels_txl._build_key() != with_arguments
 
 
 def test_turned_off_by_the_environment_nothing_is_built(fresh_builds, monkeypatch):

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -89,7 +90,7 @@ inline int64_t tasks_per_chunk(int64_t work) {
 
 // exp(x) for the scores minus their row's maximum (x <= 0): Cephes' expf polynomial, within 2 ulp; 0 below -87.3.
 inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);  // (this order keeps a NaN: maxps returns its second operand)
   __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -494,16 +495,19 @@ def cache_folder() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transfoxl" / "kernels"
 
 
-def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:
-    """The compiler's command line: the flags torch's extensions get (C++20, PIC, OpenMP for at::parallel_for, the
-    C++ ABI torch was built with) plus AVX2, and AVX-512VL where torch dispatches to AVX-512 (32 registers)."""
+def _compiler() -> list[str]:
+    """$CXX (split as a shell would: "ccache g++" is a compiler and an argument), else `c++`."""
+    return shlex.split(os.environ.get("CXX") or "") or ["c++"]
+
+
+@functools.cache
+def _compile_flags(capability: str) -> tuple[str, ...]:
+    """The flags torch's extensions get (C++20, PIC, OpenMP for at::parallel_for, the C++ ABI torch was built with,
+    its headers and libraries) plus AVX2, and AVX-512VL where torch dispatches to AVX-512 (32 registers)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    vector_flags = ["-mavx2", "-mfma"]
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":
-        vector_flags += ["-mavx512f", "-mavx512vl"]
-    return [
-        os.environ.get("CXX") or "c++",
+    vector_flags = ["-mavx2", "-mfma"] + (["-mavx512f", "-mavx512vl"] if capability == "AVX512" else [])
+    return (
         "-O3",
         "-std=c++20",
         "-shared",
@@ -511,25 +515,34 @@ def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:
         "-fopenmp",
         *vector_flags,
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        f"-DTXL_NAMESPACE={namespace}",
         *(f"-isystem{path}" for path in include_paths()),
+        *(f"-L{path}" for path in library_paths()),
+    )
+
+
+def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:
+    """The compiler's command line for `source` into `library`, its operators in `namespace`."""
+    flags = _compile_flags(torch.backends.cpu.get_cpu_capability())
+    return [
+        *_compiler(),
+        *flags,
+        f"-DTXL_NAMESPACE={namespace}",
         str(source),
         "-o",
         str(library),
-        *(f"-L{path}" for path in library_paths()),
         "-lc10",
         "-ltorch_cpu",
     ]
 
 
 def _build_key() -> str:
-    """Names a build: the source, torch's version, the CPU capability and the compiler asked for."""
-    return _build_key_for(os.environ.get("CXX") or "c++")
+    """Names a build: the source, torch's version, the compiler asked for and every flag given to it."""
+    return _build_key_for(tuple(_compiler()), torch.backends.cpu.get_cpu_capability())
 
 
 @functools.cache
-def _build_key_for(compiler: str) -> str:
-    parts = [SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(), compiler]
+def _build_key_for(compiler: tuple[str, ...], capability: str) -> str:
+    parts = [SOURCE, torch.__version__, *compiler, *_compile_flags(capability)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -558,11 +571,12 @@ def _build(key: str) -> object:
             source, partial = Path(folder) / "relative_attention.cpp", Path(folder) / library.name
             source.write_text(SOURCE)
             command = _compile_command(source, partial, namespace)
-            completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
             if completed.returncode != 0:
                 errors = "\n".join(completed.stderr.strip().splitlines()[-20:])
                 raise RuntimeError(
-                    f"{command[0]} exited with status {completed.returncode}" + (f":\n{errors}" * bool(errors))
+                    f"{shlex.join(_compiler())} exited with status {completed.returncode}"
+                    + (f":\n{errors}" * bool(errors))
                 )
             os.replace(partial, library)
     torch.ops.load_library(str(library))

@@ -341,14 +341,15 @@ class TxlRelativeAttention(nn.Module):
 
     @staticmethod
     def _cpu_inference(arguments: tuple, dropout: float) -> bool:
-        """Whether the attention is inference on a CPU: no input needs a gradient, no dropout, no tracing. There the
-        compiled kernels (no backward) or the query blocks (out= passes) may apply. `arguments`: those of
+        """Whether the attention is inference on a CPU: no input needs a gradient, no dropout, no tracing (a traced
+        or exported graph must hold portable operators, not this machine's compiled ones). There the compiled
+        kernels (no backward) or the query blocks (out= passes) may apply. `arguments`: those of
         `eager_relative_attention`."""
         return (
             dropout == 0.0
             and arguments[0].device.type == "cpu"
             and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
-            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
         )
 
     def projection_version(self) -> tuple | None:
