@@ -184,6 +184,7 @@ def test_inference_takes_the_compiled_kernel_or_the_torch_paths_and_matches_eage
         assert taken == {"blocks": 2 * layers, "sdpa": layers, "one_query": 2 * layers, **dict.fromkeys(paths_on, 0)}
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")  # (tracing's own)
 def test_a_traced_model_holds_no_compiled_operator(kernel):
     """torch.jit.trace records the portable torch path, not this machine's compiled operators: a traced model saved
     here must load where the kernel was never built."""
