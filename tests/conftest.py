@@ -20,11 +20,18 @@ import pytest
 import torch
 
 from tests.utils import reset_accelerate, tiny_lm
-from transfoxl import TxlForCausalLM
+from transfoxl import TxlForCausalLM, cpp_kernels_txl
 from transfoxl.presets import config_from_preset
 from transfoxl.tokenization.tokenization_txl import train_char_level
 
 _RELIABILITY_ROWS: list[dict] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels_built() -> None:
+    """The CPU attention kernel built (or loaded) before any test, where this machine supports it: the build's
+    one-time notice would otherwise land in the output of whichever test, maybe a command line's, came first."""
+    cpp_kernels_txl.compiled_operators()
 
 
 @pytest.fixture

@@ -564,7 +564,12 @@ def _build(key: str) -> object:
     library = cache_folder() / f"{namespace}.so"
     if not library.is_file():
         library.parent.mkdir(parents=True, exist_ok=True)
-        logger.info("Building transfoxl's CPU attention kernel into %s (once; about 10 s).", library)
+        # Said once per machine (the build is kept): the first long forward otherwise pauses unexplained.
+        logger.warning(
+            "transfoxl: building its CPU attention kernel into %s (once for this machine and torch, about 10 s; "
+            "TRANSFOXL_CPU_KERNEL=0 skips it).",
+            library,
+        )
         # Compiled in a private folder and moved in whole: a build cut short, or another process building the
         # same kernel at the same time, never leaves a partial library under the kept name.
         with tempfile.TemporaryDirectory(dir=library.parent, prefix=".building-") as folder:
