@@ -350,6 +350,7 @@ class TxlRelativeAttention(nn.Module):
             and arguments[0].device.type == "cpu"
             and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
             and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+            and not torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
         )
 
     def projection_version(self) -> tuple | None:
@@ -577,6 +578,7 @@ class TxlAdaptiveEmbedding(nn.Module):
             and input_ids.numel() > 0
             and not torch.is_grad_enabled()
             and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+            and not torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
         ):
             return self._embed_by_cluster(input_ids) * self.scale
         return self._embed_masked(input_ids) * self.scale
