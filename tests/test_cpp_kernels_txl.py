@@ -222,6 +222,38 @@ BUILD = textwrap.dedent(
 )
 
 
+AVX2_CHECK = textwrap.dedent(
+    """
+    import torch
+    from tests.test_fast_paths import _attention_inputs, _mask
+    from transfoxl.cpp_kernels_txl import compiled_operators
+    from transfoxl.kernels_txl import compiled_one_query_attention, compiled_relative_attention
+    from transfoxl.modeling_txl import eager_relative_attention
+
+    assert torch.backends.cpu.get_cpu_capability() == "AVX2" and compiled_operators() is not None
+    worst = 0.0
+    cases = [(2, 37, 9, 32, "padding"), (1, 70, 5, 64, "causal"), (3, 1, 20, 16, "none")]
+    for batch, q_len, mem_len, head_dim, kind in cases:
+        inputs = _attention_inputs(batch, 3, q_len, mem_len, head_dim=head_dim, seed=q_len)
+        mask = _mask(kind, batch, q_len, mem_len, max_mem_len=mem_len)
+        expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
+        compiled = compiled_one_query_attention if q_len == 1 else compiled_relative_attention
+        worst = max(worst, (compiled(*inputs, mask, scaling=0.3) - expected).abs().max().item())
+    print(worst)
+    """
+)
+
+
+def test_the_avx2_build_equals_eager(kernel, tmp_path):
+    """On a CPU without AVX-512 the kernel is built for AVX2 (2-query tiles: 16 registers); here torch is told to
+    dispatch as on such a CPU (ATEN_CPU_CAPABILITY=avx2), in a fresh process, and that build equals eager too."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("this machine's own build is the AVX2 one (the other tests run it)")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TRANSFOXL_KERNEL_CACHE": str(tmp_path / "kernels")}
+    result = run_fresh_python(AVX2_CHECK, cwd=Path(__file__).parent.parent, env=env)
+    assert float(result.stdout.strip().splitlines()[-1]) < 2e-5
+
+
 def test_the_kernel_is_built_once_into_its_cache_and_loaded_from_there(kernel, tmp_path):
     """A first process compiles into the cache folder (moved in whole: one library, no partial file or build folder
     left); a later process loads that library, with no compiler to be found."""
