@@ -117,6 +117,34 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
+// The largest of s[0:n) (-FLT_MAX for n = 0).
+inline float row_maximum(const float* s, int64_t n) {
+  __m256 running = _mm256_set1_ps(-FLT_MAX);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) running = _mm256_max_ps(running, _mm256_loadu_ps(s + j));
+  float maximum = horizontal_max(running);
+  for (; j < n; ++j) maximum = std::max(maximum, s[j]);
+  return maximum;
+}
+
+// s[j] = exp(s[j] - maximum) for j < n, in place (the softmax before its division); returns their sum.
+inline float exponentiate(float* s, int64_t n, float maximum) {
+  const __m256 max_vector = _mm256_set1_ps(maximum);
+  __m256 sum_vector = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector));
+    _mm256_storeu_ps(s + j, e);
+    sum_vector = _mm256_add_ps(sum_vector, e);
+  }
+  float sum = horizontal_sum(sum_vector);
+  for (; j < n; ++j) {
+    s[j] = std::exp(s[j] - maximum);
+    sum += s[j];
+  }
+  return sum;
+}
+
 // dst[c][r] = src[r][c] for an 8 x 8 block (rows src_stride / dst_stride floats apart).
 inline void transpose_8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   __m256 row[8], pair[8];
@@ -276,30 +304,14 @@ at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tenso
           if (mask_stride != 1 || std::memchr(hidden, 1, visible) != nullptr)
             for (int64_t j = 0; j < visible; ++j)
               if (hidden[j * mask_stride]) s[j] = lowest;
-          __m256 running_max = _mm256_set1_ps(lowest);
-          int64_t j = 0;
-          for (; j + 8 <= visible; j += 8) running_max = _mm256_max_ps(running_max, _mm256_loadu_ps(s + j));
-          float row_max = horizontal_max(running_max);
-          for (; j < visible; ++j) row_max = std::max(row_max, s[j]);
-          all_hidden[r] = row_max == lowest;
+          const float maximum = row_maximum(s, visible);
+          all_hidden[r] = maximum == lowest;
           if (all_hidden[r]) {  // every key hidden: uniform over all K keys, as the readable path's softmax
             std::fill(s, s + K, 1.0f);
             row_sum[r] = static_cast<float>(K);
             continue;
           }
-          const __m256 max_vector = _mm256_set1_ps(row_max);
-          __m256 sum_vector = _mm256_setzero_ps();
-          for (j = 0; j + 8 <= visible; j += 8) {
-            const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector));
-            _mm256_storeu_ps(s + j, e);
-            sum_vector = _mm256_add_ps(sum_vector, e);
-          }
-          float sum = horizontal_sum(sum_vector);
-          for (; j < visible; ++j) {
-            s[j] = std::exp(s[j] - row_max);
-            sum += s[j];
-          }
-          row_sum[r] = sum;
+          row_sum[r] = exponentiate(s, visible, maximum);
           std::fill(s + visible, s + block_visible, 0.0f);  // the values' product reads to the block's end
         }
         int64_t value_keys = block_visible;
@@ -419,22 +431,8 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
         for (j = 0; j < K; ++j)
           if (hidden[j * mask->stride(1)]) scores[j] = lowest;
       }
-      __m256 running_max = _mm256_set1_ps(lowest);
-      for (j = 0; j + 8 <= K; j += 8) running_max = _mm256_max_ps(running_max, _mm256_loadu_ps(&scores[j]));
-      float row_max = horizontal_max(running_max);
-      for (; j < K; ++j) row_max = std::max(row_max, scores[j]);
-      const __m256 max_vector = _mm256_set1_ps(row_max);
-      __m256 sum_vector = _mm256_setzero_ps();
-      for (j = 0; j + 8 <= K; j += 8) {  // (every key hidden: all scores equal, a uniform average, as eager's)
-        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(&scores[j]), max_vector));
-        _mm256_storeu_ps(&scores[j], e);
-        sum_vector = _mm256_add_ps(sum_vector, e);
-      }
-      float sum = horizontal_sum(sum_vector);
-      for (; j < K; ++j) {
-        scores[j] = std::exp(scores[j] - row_max);
-        sum += scores[j];
-      }
+      // (every key hidden: all scores equal, a uniform average, as eager's)
+      const float sum = exponentiate(scores.data(), K, row_maximum(scores.data(), K));
       const __m256 inverse = _mm256_set1_ps(1.0f / sum);
       float* o = output_data + (b * H + h) * D;
       for (int64_t c = 0; c < D; c += 32) {  // up to four registers of the output at a time
