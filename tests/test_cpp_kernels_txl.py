@@ -270,17 +270,22 @@ def test_the_kernel_is_built_once_into_its_cache_and_loaded_from_there(kernel, t
     assert list(cache.iterdir()) == [library] and library.stat().st_mtime_ns == built
 
 
+def _kernel_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "CPU attention kernel" in record.getMessage()]
+
+
 @pytest.mark.reliability(
     "model input",
-    "no working C++ compiler for the CPU attention kernel ($CXX fails)",
-    "one warning naming the cause and TRANSFOXL_CPU_KERNEL=0; nothing left in the kernel cache; the torch path's "
-    "outputs",
+    "a C++ compiler that fails to build the CPU attention kernel ($CXX exits 1)",
+    "the build's notice, then one warning naming the cause and TRANSFOXL_CPU_KERNEL=0; the failure kept, so a later "
+    "process does not compile again; no library under the kernel's name; the torch path's outputs",
 )
-def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(
+def test_a_failed_build_warns_once_is_not_retried_and_inference_uses_the_torch_path(
     fresh_builds, monkeypatch, caplog, record_property
 ):
-    """A compiler that fails (here: $CXX names a program that exits 1) leaves no file in the cache, warns once with
-    the way to turn the kernel off, and the model's outputs come from the torch path, unchanged."""
+    """A compiler that fails (here: $CXX names a program that exits 1): a notice that it builds, one warning with
+    the cause and the off switch, the model's outputs from the torch path, unchanged; the failure is kept beside
+    where the library would be, so a later process says so at once instead of compiling again."""
     if not cpp_kernels_txl.supported_here():
         pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
     monkeypatch.setenv("CXX", "false")  # a different compiler: a different build key, never built
@@ -290,11 +295,47 @@ def test_a_failed_build_warns_once_and_inference_uses_the_torch_path(
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=0, atol=1e-5)
         model(ids)
-    warnings = [record.getMessage() for record in caplog.records if "could not be built" in record.getMessage()]
-    assert len(warnings) == 1 and "TRANSFOXL_CPU_KERNEL=0" in warnings[0]
-    assert not any(fresh_builds.iterdir())  # the failed build left nothing under the kept names
+    building, unavailable = _kernel_warnings(caplog)  # exactly these two, once each
+    assert building.startswith("transfoxl: building") and "false exited with status 1" in unavailable
+    assert "TRANSFOXL_CPU_KERNEL=0" in unavailable
+    assert [path.suffix for path in fresh_builds.iterdir()] == [".failed"]  # no library, no build folder
     assert cpp_kernels_txl.compiled_operators() is None
-    record_property("outcome", warnings[0].splitlines()[0])
+    record_property("outcome", unavailable.splitlines()[0])
+
+    caplog.clear()
+    monkeypatch.setattr(cpp_kernels_txl, "_built", {})  # as a new process
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again after a kept failure")
+
+    monkeypatch.setattr(cpp_kernels_txl.subprocess, "run", no_compiler)
+    assert cpp_kernels_txl.compiled_operators() is None
+    (again,) = _kernel_warnings(caplog)
+    assert "failed earlier" in again and ".failed" in again
+
+
+@pytest.mark.parametrize("fault", ["no compiler", "unwritable cache"])
+def test_no_compiler_or_an_unwritable_cache_is_said_in_one_warning(fresh_builds, monkeypatch, caplog, fault):
+    """No compiler to be found, or a cache folder that cannot be made: one warning naming that (not a build that
+    never starts), nothing written, the torch path."""
+    if not cpp_kernels_txl.supported_here():
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
+    if fault == "no compiler":
+        monkeypatch.setenv("CXX", "/nonexistent/c++")
+        expected = "no C++ compiler: '/nonexistent/c++' not found"
+    else:
+        blocker = fresh_builds.parent / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv("TRANSFOXL_KERNEL_CACHE", str(blocker / "kernels"))
+        monkeypatch.setenv("CXX", "c++ -DUNBUILT")  # a build this process has not loaded (another key)
+        expected = f"cannot write the kernel cache {blocker / 'kernels'}"
+    caplog.set_level(logging.WARNING)
+    assert cpp_kernels_txl.compiled_operators() is None
+    (warning,) = _kernel_warnings(caplog)
+    assert expected in warning and "TRANSFOXL_CPU_KERNEL=0" in warning
+    if fault == "unwritable cache":
+        assert "TRANSFOXL_KERNEL_CACHE" in warning
+    assert not fresh_builds.exists()
 
 
 def test_cxx_may_hold_arguments_and_names_a_build_of_its_own(kernel, monkeypatch):

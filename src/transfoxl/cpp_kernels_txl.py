@@ -34,6 +34,7 @@ import hashlib
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -554,33 +555,52 @@ def _registered(namespace: str) -> object | None:
     return getattr(torch.ops, namespace)
 
 
+class KernelUnavailable(RuntimeError):
+    """Why the kernel cannot be had here: no compiler, an unwritable cache, a failed build (now or earlier)."""
+
+
 def _build(key: str) -> object:
-    """Compile (unless a kept build exists) and load the kernel; returns its operators. Raises where that fails."""
+    """Compile (unless a kept build exists) and load the kernel; returns its operators. Raises KernelUnavailable
+    (or what loading the library raises) where that fails."""
     namespace = f"transfoxl_{key}"
     if (operators := _registered(namespace)) is not None:
         return operators
     library = cache_folder() / f"{namespace}.so"
+    failed = library.with_suffix(".failed")  # a build that failed here, kept so later processes do not retry it
     if not library.is_file():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        # Said once per machine (the build is kept): the first long forward otherwise pauses unexplained.
+        if failed.is_file():
+            raise KernelUnavailable(f"its build failed earlier, see {failed}; delete that file to try again")
+        compiler = _compiler()
+        if shutil.which(compiler[0]) is None:
+            raise KernelUnavailable(f"no C++ compiler: {compiler[0]!r} not found ($CXX, else c++ on PATH)")
+        try:
+            library.parent.mkdir(parents=True, exist_ok=True)
+            building = tempfile.TemporaryDirectory(dir=library.parent, prefix=".building-")
+        except OSError as error:
+            raise KernelUnavailable(
+                f"cannot write the kernel cache {library.parent} ({error.strerror}); set {_CACHE_VARIABLE} to a "
+                "writable folder"
+            ) from error
+        # Said once (the build is kept): the first long forward otherwise pauses unexplained.
         logger.warning(
-            "transfoxl: building its CPU attention kernel into %s (once for this machine and torch, about 10 s; "
+            "transfoxl: building its CPU attention kernel into %s (once for this torch installation, about 10 s; "
             "TRANSFOXL_CPU_KERNEL=0 skips it).",
             library,
         )
         # Compiled in a private folder and moved in whole: a build cut short, or another process building the
         # same kernel at the same time, never leaves a partial library under the kept name.
-        with tempfile.TemporaryDirectory(dir=library.parent, prefix=".building-") as folder:
+        with building as folder:
             source, partial = Path(folder) / "relative_attention.cpp", Path(folder) / library.name
             source.write_text(SOURCE)
             command = _compile_command(source, partial, namespace)
             completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
             if completed.returncode != 0:
                 errors = "\n".join(completed.stderr.strip().splitlines()[-20:])
-                raise RuntimeError(
-                    f"{shlex.join(_compiler())} exited with status {completed.returncode}"
-                    + (f":\n{errors}" * bool(errors))
+                message = f"{shlex.join(compiler)} exited with status {completed.returncode}" + (
+                    f":\n{errors}" * bool(errors)
                 )
+                failed.write_text(f"{shlex.join(command)}\n\n{message}\n")
+                raise KernelUnavailable(f"{message}\n(kept in {failed}: delete it to try again)")
             os.replace(partial, library)
     torch.ops.load_library(str(library))
     return getattr(torch.ops, namespace)
@@ -601,8 +621,8 @@ def compiled_operators() -> object | None:
                 _built[key] = _build(key)
             except (OSError, RuntimeError, subprocess.SubprocessError) as error:
                 logger.warning(
-                    "transfoxl: the CPU attention kernel could not be built (%s); CPU inference uses the torch "
-                    "path (slower on small models). TRANSFOXL_CPU_KERNEL=0 turns the kernel off.",
+                    "transfoxl: the CPU attention kernel is not available (%s); CPU inference uses the torch path "
+                    "(slower on small models). TRANSFOXL_CPU_KERNEL=0 turns the kernel off.",
                     error,
                 )
                 _built[key] = None
