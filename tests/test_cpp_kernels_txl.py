@@ -91,6 +91,20 @@ def test_compiled_one_query_attention_equals_eager(kernel, batch, mem_len, head_
     torch.testing.assert_close(output, expected, rtol=0, atol=2e-5)
 
 
+def test_compiled_attention_takes_biases_of_any_layout(kernel):
+    """Biases that are views (a slice of a wider tensor, a transpose) give eager's values in both kernels, not an
+    error from inside the operator."""
+    query, key, value, rel_key, _, _ = _attention_inputs(2, 3, 9, 4, head_dim=8, seed=1)
+    content_bias, position_bias = torch.randn(3, 16)[:, :8], torch.randn(8, 3).t()
+    mask = _mask("causal", 2, 9, 4, max_mem_len=4)
+    inputs = (query, key, value, rel_key, content_bias, position_bias)
+    expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
+    torch.testing.assert_close(compiled_relative_attention(*inputs, mask, scaling=0.3), expected, rtol=0, atol=2e-5)
+    one = (query[:, :, -1:], *inputs[1:])
+    expected, _ = eager_relative_attention(*one, None, scaling=0.3, dropout=0.0)
+    torch.testing.assert_close(compiled_one_query_attention(*one, None, scaling=0.3), expected, rtol=0, atol=2e-5)
+
+
 def test_compiled_attention_averages_the_values_where_a_row_hides_every_key(kernel):
     """A query whose keys are all hidden (a padded row) gets the mean of all the values, as the readable softmax
     over equal scores gives it; the other rows are unaffected."""

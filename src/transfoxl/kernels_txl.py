@@ -339,9 +339,13 @@ def compiled_attention_applies(
     )
 
 
-def _last_dimension_contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """The kernels read any strides with the last dimension contiguous (the model's views are)."""
-    return [tensor if tensor.stride(-1) == 1 else tensor.contiguous() for tensor in tensors]
+def _kernel_layouts(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """query, key, value, rel_key, content_bias, position_bias as the kernels read them: the first four with any
+    strides but a contiguous last dimension (the model's views are), the `[H, D]` biases contiguous (a no-op for
+    parameters)."""
+    *attention, content_bias, position_bias = tensors
+    attention = [tensor if tensor.stride(-1) == 1 else tensor.contiguous() for tensor in attention]
+    return [*attention, content_bias.contiguous(), position_bias.contiguous()]
 
 
 def compiled_relative_attention(
@@ -360,7 +364,7 @@ def compiled_relative_attention(
     output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
     mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
     output = compiled_operators().relative_attention_inference(
-        *_last_dimension_contiguous(query, key, value, rel_key, content_bias, position_bias), mask, scaling
+        *_kernel_layouts(query, key, value, rel_key, content_bias, position_bias), mask, scaling
     )
     return output.transpose(1, 2)
 
@@ -381,7 +385,7 @@ def compiled_one_query_attention(
     if mask is not None:
         mask = mask if mask.dim() == 2 else mask[:, 0, 0]  # [1 or B, K]
     return compiled_operators().relative_attention_one_query(
-        *_last_dimension_contiguous(query, key, value, rel_key, content_bias, position_bias), mask, scaling
+        *_kernel_layouts(query, key, value, rel_key, content_bias, position_bias), mask, scaling
     )
 
 
