@@ -13,6 +13,7 @@ from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
 from tools.configs import model_config
 from transfoxl import TxlConfig, TxlForCausalLM
+from transfoxl.kernels_txl import dropout as kernel_dropout
 from transfoxl.kernels_txl import (
     float_mask,
     one_query_attention,
@@ -470,15 +471,49 @@ def test_model_traces_as_one_graph_with_equal_losses_and_gradients(one_thread):
 
 
 def test_model_with_dropout_traces_as_one_graph(one_thread):
-    """Dropout's masks (16-bit draws in eager CPU training) fall back to float uniforms under torch.compile, which
-    has no `random_`: training with dropout still traces without a graph break, and its losses are finite."""
+    """Dropout (16-bit draws in eager CPU training) is torch's own under torch.compile, which has no `random_`:
+    training with dropout traces without a graph break, and its losses are finite."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep_graph(graph, example_inputs):
+        graphs.append(graph)
+        return graph
+
     ids = covering_ids(97, batch=2, length=18)
     model = tiny_lm(mem_len=8, dropout=0.2, dropatt=0.1).train()
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    backend = aot_autograd(fw_compiler=keep_graph, bw_compiler=keep_graph)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
     losses, grads = _train_three_segments(model, ids, compiled)
     assert torch.isfinite(losses).all()
     assert all(torch.isfinite(grad).all() for grad in grads.values())
+    # Inductor before torch 2.13 cannot lower a bool tensor viewed as another dtype (`--compile` training raised a
+    # LoweringException on torch 2.11): the traced graphs hold no such view.
+    bool_views = [
+        node
+        for graph in graphs
+        for node in graph.graph.nodes
+        if node.target is torch.ops.aten.view.dtype and node.args[0].meta["val"].dtype == torch.bool
+    ]
+    assert graphs and not bool_views
+
+
+@pytest.mark.parametrize("function", [kernel_dropout, relu_dropout])
+def test_compiled_dropout_backpropagates_through_the_units_its_forward_kept(function, one_thread):
+    """Under torch.compile the gradient flows through exactly the units the forward kept, scaled by 1 / (1 - p).
+    (torch 2.11's compile gave a zero gradient through the eager path's Functions, whose forward writes its output in
+    place: `--compile` training learned nothing.)"""
+    inputs = (torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(0)).abs() + 0.1).requires_grad_()
+    weights = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: function(x, 0.25, True), backend="aot_eager", fullgraph=True)
+    output = compiled(inputs)
+    (output * weights).sum().backward()
+    kept = output != 0
+    assert 0.6 < kept.float().mean().item() < 0.9
+    torch.testing.assert_close(inputs.grad, weights * kept / 0.75)
 
 
 def test_generate_through_a_forward_compiled_as_one_graph_gives_the_eager_tokens(one_thread):

@@ -424,10 +424,9 @@ def _keep_mask(inputs: torch.Tensor, p: float) -> torch.Tensor:
 
     On a CPU, p is rounded to a multiple of 2^-16 (off by less than 8e-6) and each entry takes 16 random bits, four
     from each 64-bit draw: torch's CPU generator is serial, and a float uniform costs a draw per entry, so this mask
-    comes about 3x faster. Elsewhere, and under torch.compile (which has no `random_` and draws its own numbers),
-    float uniforms.
+    comes about 3x faster. Elsewhere, float uniforms.
     """
-    if inputs.device.type != "cpu" or torch.compiler.is_compiling():
+    if inputs.device.type != "cpu":
         return torch.rand_like(inputs) >= p
     count = inputs.numel()
     words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # every bit uniform
@@ -480,12 +479,17 @@ class _ReluDropout(torch.autograd.Function):
 
 
 def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
+    """Whether the Functions above apply: training with a gradient, in eager mode. Under torch.compile, torch's own
+    dropout (fused there anyway): torch 2.11's compile gave a zero gradient through a Function whose forward writes
+    its output in place, as these do (`--compile` training learned nothing), and its inductor could not lower the
+    mask's bool-as-uint8 view."""
     return (
         training
         and 0.0 < p < 1.0
         and torch.is_grad_enabled()
         and inputs.requires_grad
         and not torch._C._are_functorch_transforms_active()
+        and not torch.compiler.is_compiling()
     )
 
 
