@@ -10,7 +10,9 @@ passed or failed with its figures, a failure not stopping the others:
 - a training step's gradients, SDPA against eager on the device, and against the CPU;
 - bf16 and fp16 autocast: the loss near fp32's, finite gradients (through the adaptive embedding and softmax's
   float32 log-softmax), generate() runs; a model cast to bf16 outright too;
-- beam search and a batch with left padding through generate().
+- beam search and a batch with left padding through generate();
+- transformers' Trainer with bf16 (and fp16 on a GPU), a PEFT LoRA adapter, torch.export with a memory;
+- training under torch.compile with dropout: the gradient through the kept units, the loss falling as eager's.
 Timings (CUDA synchronised, medians): the mid decode step and prefill at batch 1 and 8 against transformers' GPT-2 of
 the same size (with its KV cache), the same at batch 1 with the forward under torch.compile, the wt103
 configuration's decode step and prefill (fp32 and bf16 weights), and mid training tokens/s (fp32, bf16 autocast).
@@ -19,6 +21,7 @@ configuration's decode step and prefill (fp32 and bf16 weights), and mid trainin
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -187,6 +190,139 @@ def check_generate_modes(config: dict, device: torch.device, prompt_len: int) ->
     }
 
 
+def check_trainer(config: dict, device: torch.device, q_len: int, dtype: torch.dtype) -> dict:
+    """transformers' Trainer on the device with `bf16=True` / `fp16=True` (its autocast and, for fp16, its gradient
+    scaler): a few steps train to finite weights and a lower loss; its evaluation loss equals the model's own."""
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    rows = make_prompt(config["vocab_size"], 16, q_len, seed=9)
+    rows = torch.cat([rows[:, : q_len // 2]] * 2, dim=1)  # a repeated half: learnable in a few steps
+    dataset = Dataset.from_list([{"input_ids": row, "labels": row} for row in rows.tolist()])
+    model = build_transfoxl(dict(config, dropout=0.0, dropatt=0.0), mem_len=q_len, seed=0).train()
+    with tempfile.TemporaryDirectory() as folder:
+        args = TrainingArguments(
+            output_dir=folder,
+            report_to="none",
+            use_cpu=device.type == "cpu",
+            bf16=dtype == torch.bfloat16,
+            fp16=dtype == torch.float16,
+            per_device_train_batch_size=8,
+            per_device_eval_batch_size=8,
+            max_steps=8,
+            learning_rate=3e-3,
+            disable_tqdm=True,
+            seed=0,
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset)
+        before = trainer.evaluate()["eval_loss"]
+        trainer.train()
+        after = trainer.evaluate()["eval_loss"]
+    placed = str(next(model.parameters()).device)
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
+        ids = torch.tensor(dataset["input_ids"], device=next(model.parameters()).device)
+        own = sum(model(batch, labels=batch).loss.item() for batch in ids.split(8)) / len(ids.split(8))
+    finite = all(bool(p.isfinite().all()) for p in model.parameters())
+    return {
+        "device": placed,
+        "eval_loss_before": before,
+        "eval_loss_after": after,
+        "models_own_loss": own,
+        "finite_weights": finite,
+        "passed": finite and after < before and abs(after - own) / own < 1e-2 and placed.startswith(device.type),
+    }
+
+
+def check_peft(config: dict, device: torch.device, q_len: int) -> dict:
+    """A LoRA adapter on every linear layer (PEFT), on the device: its outputs differ from the base model's and equal
+    the merged model's; a training step updates only the adapter."""
+    import peft
+
+    model = build_transfoxl(dict(config, dropout=0.0, dropatt=0.0), mem_len=q_len, seed=0).to(device)
+    ids = make_prompt(config["vocab_size"], 2, q_len, seed=10).to(device)
+    with torch.no_grad():
+        base = model(ids).logits
+    adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules="all-linear", r=4, init_lora_weights=False))
+    adapted.train()
+    adapted(ids, labels=ids).loss.backward()
+    trained = {name for name, p in adapted.named_parameters() if p.grad is not None}
+    adapted.eval()
+    with torch.no_grad():
+        adapter_logits = adapted(ids).logits
+        merged = adapted.merge_and_unload()(ids).logits
+    only_adapter = bool(trained) and all("lora_" in name for name in trained)
+    return {
+        "merged_vs_adapter": relative_difference(merged, adapter_logits),
+        "adapter_vs_base": relative_difference(adapter_logits, base),
+        "only_adapter_trained": only_adapter,
+        "passed": relative_difference(merged, adapter_logits) < 1e-4
+        and relative_difference(adapter_logits, base) > 1e-4
+        and only_adapter,
+    }
+
+
+def check_export(config: dict, device: torch.device, q_len: int) -> dict:
+    """torch.export of the model on the device, called with a memory: the exported program's logits and returned
+    memory equal eager's."""
+    model = build_transfoxl(config, mem_len=q_len, seed=0).to(device)
+    ids = make_prompt(config["vocab_size"], 2, 2 * q_len, seed=11).to(device)
+    with torch.no_grad():
+        memory = model(ids[:, :q_len], use_cache=True).past_key_values
+        eager = model(ids[:, q_len:], past_key_values=copy.deepcopy(memory))
+        program = torch.export.export(model, (ids[:, q_len:],), {"past_key_values": copy.deepcopy(memory)})
+        exported = program.module()(ids[:, q_len:], past_key_values=copy.deepcopy(memory))
+    logits = relative_difference(exported["logits"], eager.logits)
+    memories = max(
+        relative_difference(ours.hidden, theirs.hidden)
+        for ours, theirs in zip(exported["past_key_values"].layers, eager.past_key_values.layers)
+    )
+    return {"logits": logits, "memory": memories, "passed": logits < 1e-5 and memories < 1e-5}
+
+
+def check_compiled_training(config: dict, device: torch.device, q_len: int, backend: str) -> dict:
+    """Training under torch.compile (`backend`: inductor on a GPU, aot_eager in the CPU test), dropout on: the
+    gradient through each dropout flows through the units its forward kept (torch 2.11's compile gave none), and a
+    few compiled steps lower the loss about as much as eager steps do (dropout draws differ)."""
+    from transfoxl.kernels_txl import dropout, relu_dropout
+
+    gradient_errors = {}
+    for name, function in (("dropout", dropout), ("relu_dropout", relu_dropout)):
+        inputs = (make_prompt(50, 4, 256, seed=12).float() + 1.0).to(device).requires_grad_()
+        weights = torch.randn(4, 256, device=device)
+        torch._dynamo.reset()
+        output = torch.compile(lambda x, f=function: f(x, 0.25, True), backend=backend, fullgraph=True)(inputs)
+        (output * weights).sum().backward()
+        gradient_errors[name] = relative_difference(inputs.grad, weights * (output != 0) / 0.75)
+    rows = make_prompt(config["vocab_size"], 8, q_len // 2, seed=13)
+    ids = torch.cat([rows, rows], dim=1).to(device)  # a repeated half: learnable in a few steps
+
+    def final_loss(compiled: bool) -> float:
+        torch.manual_seed(0)
+        model = build_transfoxl(dict(config, dropout=0.1), mem_len=q_len, seed=0).to(device).train()
+        run = torch.compile(model, backend=backend) if compiled else model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(12):
+            loss = run(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    torch._dynamo.reset()
+    eager, compiled = final_loss(False), final_loss(True)
+    first = build_transfoxl(config, mem_len=q_len, seed=0).to(device)(ids, labels=ids).loss.item()
+    return {
+        **{f"{name}_gradient": error for name, error in gradient_errors.items()},
+        "first_loss": first,
+        "eager_loss": eager,
+        "compiled_loss": compiled,
+        "passed": max(gradient_errors.values()) < 1e-5 and first - compiled > 0.7 * (first - eager) > 0,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Timings
 
@@ -315,9 +451,17 @@ def run(args: argparse.Namespace) -> dict:
         "autocast_fp16": lambda: check_autocast(mid, device, q_len, torch.float16),
         "bf16_weights": lambda: check_bf16_weights(mid, device, q_len),
         "generate_modes": lambda: check_generate_modes(mid, device, q_len),
+        "trainer_bf16": lambda: check_trainer(mid, device, q_len, torch.bfloat16),
+        "trainer_fp16": lambda: check_trainer(mid, device, q_len, torch.float16),
+        "peft_lora": lambda: check_peft(mid, device, q_len),
+        "torch_export": lambda: check_export(mid, device, q_len),
+        "compiled_training": lambda: check_compiled_training(
+            mid, device, q_len, "inductor" if device.type == "cuda" else "aot_eager"
+        ),
     }
     if device.type == "cpu":
         checks.pop("autocast_fp16")  # (fp16 autocast on a CPU: not a path anyone takes)
+        checks.pop("trainer_fp16")  # (Trainer refuses fp16 on a CPU)
     timings: dict[str, Callable[[], dict]] = {
         "mid_vs_gpt2": lambda: time_mid_against_gpt2(device, mid, prompt_len, new_tokens, [1, 8]),
         "wt103_generate": lambda: time_wt103(device, wt103, prompt_len, 16 if not args.quick else 4),
