@@ -20,6 +20,8 @@ from transfoxl.kernels_txl import (
     compiled_attention_applies,
     compiled_one_query_attention,
     compiled_relative_attention,
+    compiled_relative_attention_training,
+    relative_attention,
 )
 from transfoxl.modeling_txl import eager_relative_attention
 
@@ -89,6 +91,93 @@ def test_compiled_one_query_attention_equals_eager(kernel, batch, mem_len, head_
     output = compiled_one_query_attention(*inputs, mask, scaling=0.2)
     assert output.shape == expected.shape
     torch.testing.assert_close(output, expected, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "q_len", "mem_len", "head_dim", "mask_kind"),
+    [
+        (2, 40, 0, 8, "causal"),  # the first segment: no memory; blocks of 16 queries, the last one partial
+        (3, 37, 9, 16, "causal"),
+        (1, 70, 5, 64, "causal"),  # the wt103 head width
+        (3, 20, 9, 24, "padding"),
+        (3, 19, 12, 8, "same_length"),
+        (2, 20, 6, 16, "hidden"),  # sequence 0's first five queries see no key (left padding)
+    ],
+)
+def test_compiled_training_attention_equals_the_torch_training_path(
+    kernel, batch, q_len, mem_len, head_dim, mask_kind
+):
+    """Training's compiled forward (it also writes the probabilities) and the shared backward: the output and the
+    gradients of the query, keys, values, relative keys and both biases equal the torch training kernel's (and the
+    readable attention's where a query sees at least one key) within float32 rounding."""
+    leaves = [tensor.detach().requires_grad_() for tensor in _attention_inputs(batch, 3, q_len, mem_len, head_dim)]
+    if mask_kind == "hidden":
+        mask = _mask("causal", batch, q_len, mem_len, max_mem_len=mem_len)[None, None].repeat(batch, 1, 1, 1)
+        mask[0, :, :5] = True
+    else:
+        mask = _mask(mask_kind, batch, q_len, mem_len, max_mem_len=mem_len)
+    grad_output = torch.randn(batch, 3, q_len, head_dim)
+    scaling = head_dim**-0.5
+    compiled = compiled_relative_attention_training(*leaves, mask, scaling=scaling)
+    compiled_grads = torch.autograd.grad(compiled, leaves, grad_output)
+    references = [relative_attention(*leaves, mask, scaling=scaling)]
+    if mask_kind != "hidden":  # (a query that sees nothing: the readable path's masked_fill passes no gradient)
+        references.append(eager_relative_attention(*leaves, mask, scaling=scaling, dropout=0.0)[0])
+    for reference in references:
+        torch.testing.assert_close(compiled, reference, rtol=0, atol=2e-5)
+        for mine, theirs in zip(compiled_grads, torch.autograd.grad(reference, leaves, grad_output)):
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel_on", [True, False])
+def test_training_takes_the_compiled_forward_where_it_applies_with_the_torch_paths_gradients(monkeypatch, kernel_on):
+    """Through the whole model (sdpa, training, two segments with a memory, gradient checkpointing on the second
+    model): segments of two or more tokens take the compiled forward where the kernel is built and the torch
+    training kernel where it is not; the losses and every parameter's gradient equal the torch path's."""
+    from transfoxl import modeling_txl
+
+    if kernel_on and not cpp_kernels_txl.supported_here():
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
+    calls = {"compiled": 0, "torch": 0}
+
+    def counting(function, path):
+        def counted(*args, **kwargs):
+            calls[path] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(
+        modeling_txl,
+        "compiled_relative_attention_training",
+        counting(modeling_txl.compiled_relative_attention_training, "compiled"),
+    )
+    monkeypatch.setattr(modeling_txl, "relative_attention", counting(modeling_txl.relative_attention, "torch"))
+    ids = covering_ids(97, batch=2, length=24)
+
+    def train(checkpointing: bool):
+        model = tiny_lm(mem_len=8, attn_implementation="sdpa", dropout=0.0, dropatt=0.0).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        memory, losses = None, []
+        for segment in (ids[:, :12], ids[:, 12:]):
+            output = model(segment, labels=segment, past_key_values=memory, use_cache=True)
+            output.loss.backward()
+            memory, losses = output.past_key_values, [*losses, output.loss.detach()]
+        return torch.stack(losses), {name: p.grad for name, p in model.named_parameters()}
+
+    if not kernel_on:
+        monkeypatch.setattr(modeling_txl, "compiled_attention_applies", lambda *arguments: False)
+    losses, grads = train(checkpointing=False)
+    layers = tiny_lm().config.n_layer
+    assert calls == ({"compiled": 2 * layers, "torch": 0} if kernel_on else {"compiled": 0, "torch": 2 * layers})
+    checkpointed_losses, checkpointed_grads = train(checkpointing=True)
+    monkeypatch.setattr(modeling_txl, "compiled_attention_applies", lambda *arguments: False)
+    reference_losses, reference_grads = train(checkpointing=False)
+    for compared_losses, compared_grads in ((losses, grads), (checkpointed_losses, checkpointed_grads)):
+        torch.testing.assert_close(compared_losses, reference_losses, rtol=0, atol=1e-5)
+        for name, gradient in reference_grads.items():
+            torch.testing.assert_close(compared_grads[name], gradient, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_compiled_attention_takes_biases_of_any_layout(kernel):
@@ -241,7 +330,12 @@ AVX2_CHECK = textwrap.dedent(
     import torch
     from tests.test_fast_paths import _attention_inputs, _mask
     from transfoxl.cpp_kernels_txl import compiled_operators
-    from transfoxl.kernels_txl import compiled_one_query_attention, compiled_relative_attention
+    from transfoxl.kernels_txl import (
+        compiled_one_query_attention,
+        compiled_relative_attention,
+        compiled_relative_attention_training,
+        relative_attention,
+    )
     from transfoxl.modeling_txl import eager_relative_attention
 
     assert torch.backends.cpu.get_cpu_capability() == "AVX2" and compiled_operators() is not None
@@ -253,6 +347,17 @@ AVX2_CHECK = textwrap.dedent(
         expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
         compiled = compiled_one_query_attention if q_len == 1 else compiled_relative_attention
         worst = max(worst, (compiled(*inputs, mask, scaling=0.3) - expected).abs().max().item())
+    # training's forward, and the gradient of the query through the probabilities it writes
+    leaves = [t.detach().requires_grad_() for t in _attention_inputs(2, 3, 37, 9, head_dim=32, seed=1)]
+    mask = _mask("padding", 2, 37, 9, max_mem_len=9)
+    for attention in (compiled_relative_attention_training, relative_attention):
+        output = attention(*leaves, mask, scaling=0.3)
+        output.sum().backward()
+        gradient, leaves[0].grad = leaves[0].grad, None
+        if attention is compiled_relative_attention_training:
+            compiled_output, compiled_gradient = output, gradient
+    worst = max(worst, (compiled_output - output).abs().max().item())
+    worst = max(worst, (compiled_gradient - gradient).abs().max().item())
     print(worst)
     """
 )

@@ -473,13 +473,14 @@ def test_model_traces_as_one_graph_with_equal_losses_and_gradients(one_thread):
 def test_model_with_dropout_traces_as_one_graph(one_thread):
     """Dropout (16-bit draws in eager CPU training) is torch's own under torch.compile, which has no `random_`:
     training with dropout traces without a graph break, and its losses are finite."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
 
     def keep_graph(graph, example_inputs):
         graphs.append(graph)
-        return graph
+        return make_boxed_func(graph)
 
     ids = covering_ids(97, batch=2, length=18)
     model = tiny_lm(mem_len=8, dropout=0.2, dropatt=0.1).train()

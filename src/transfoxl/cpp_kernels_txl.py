@@ -1,4 +1,5 @@
-"""Compiled CPU kernels for relative attention in inference, built on first use with the machine's C++ compiler.
+"""Compiled CPU kernels for relative attention (inference, and training's forward), built on first use with the
+machine's C++ compiler.
 
 `relative_attention_by_query_blocks` (kernels_txl.py) computes a long segment's attention a block of queries at a
 time with torch operators: about five parallel regions per block, where transformers' GPT-2 makes one SDPA call a
@@ -15,8 +16,9 @@ shift inside:
 where r_{M+i-j} = W_{k,R} R at distance M + i - j: with the relative keys transposed to `[D, K]`, query i's row of
 them is column j + Q - 1 - i, so the shift is an offset per query and no score is computed twice (the torch path
 computes a padded product and views it shifted). Decoding (one query per sequence) has its own loop: one call a
-layer for the six of `kernels_txl.one_query_attention`, each key's row read in place. Values equal the readable
-path's within float32 rounding (tests).
+layer for the six of `kernels_txl.one_query_attention`, each key's row read in place. Training takes the same
+forward, which then also writes p (`[H B, Q, K]`, zeros past the keys a query sees) for the torch backward of
+`kernels_txl._relative_attention_backward`. Values equal the readable path's within float32 rounding (tests).
 
 Built once per machine, torch version and CPU capability into ~/.cache/transfoxl/kernels (or $TRANSFOXL_KERNEL_CACHE),
 about 10 s; on Linux x86-64 with AVX2 and a C++ compiler (`$CXX`, else `c++`) only. Elsewhere, with
@@ -55,6 +57,7 @@ SOURCE = r"""
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -212,18 +215,22 @@ inline void values_tile(const float* p, int64_t ld, const float* v, int64_t v_st
 
 }  // namespace
 
+namespace {
+
 // query [B, H, Q, D]; key, value [B, H, K, D]; rel_key [H, K, D] (row r: distance K-1-r); content_bias,
 // position_bias (u, v) [H, D]; mask [B or 1, Q, K] bool, True = hidden, hiding at least every key j > M + i.
-// Any strides with the last dimension contiguous. Returns [B, Q, H, D] (the layout the output projection reads).
-at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                        const at::Tensor& rel_key, const at::Tensor& content_bias,
-                                        const at::Tensor& position_bias, const at::Tensor& mask, double scaling) {
+// Any strides with the last dimension contiguous. Returns [B, Q, H, D] (the layout the output projection reads);
+// with `probs` ([H B, Q, K], head-major, contiguous: what the training backward reads) also the probabilities.
+at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const at::Tensor& rel_key, const at::Tensor& content_bias,
+                             const at::Tensor& position_bias, const at::Tensor& mask, double scaling,
+                             float* probs_data) {
   for (const at::Tensor* t : {&query, &key, &value, &rel_key, &content_bias, &position_bias})
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->stride(-1) == 1,
-                "relative_attention_inference: float32 CPU tensors with a contiguous last dimension expected");
+                "relative attention kernel: float32 CPU tensors with a contiguous last dimension expected");
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes() && rel_key.dim() == 3 &&
                   mask.dim() == 3 && mask.scalar_type() == at::kBool,
-              "relative_attention_inference: query [B, H, Q, D], key / value [B, H, K, D], rel_key [H, K, D], "
+              "relative attention kernel: query [B, H, Q, D], key / value [B, H, K, D], rel_key [H, K, D], "
               "mask [B or 1, Q, K] (bool) expected");
   const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
   const int64_t K = key.size(2), M = K - Q;
@@ -232,7 +239,7 @@ at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tenso
                   content_bias.numel() == H * D && position_bias.numel() == H * D && content_bias.is_contiguous() &&
                   position_bias.is_contiguous() && (mask.size(0) == 1 || mask.size(0) == B) && mask.size(1) == Q &&
                   mask.size(2) == K,
-              "relative_attention_inference: mismatched shapes");
+              "relative attention kernel: mismatched shapes");
   auto output = at::empty({B, Q, H, D}, query.options());
   const float* query_data = query.data_ptr<float>();
   const float* key_data = key.data_ptr<float>();
@@ -342,11 +349,38 @@ at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tenso
           const float inverse = 1.0f / row_sum[r];
           float* o = output_data + ((b * Q + start + r) * H + h) * D;
           for (int64_t d = 0; d < D; ++d) o[d] = out[r * D + d] * inverse;
+          if (probs_data != nullptr) {  // the whole row: hidden keys' probabilities are 0
+            float* p = probs_data + ((h * B + b) * Q + start + r) * K;
+            const float* e = &scores[r * ld];
+            const int64_t n = all_hidden[r] ? K : visible_of(r);
+            for (int64_t j = 0; j < n; ++j) p[j] = e[j] * inverse;
+            std::fill(p + n, p + K, 0.0f);
+          }
         }
       }
     }
   });
   return output;
+}
+
+}  // namespace
+
+at::Tensor relative_attention_inference(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const at::Tensor& rel_key, const at::Tensor& content_bias,
+                                        const at::Tensor& position_bias, const at::Tensor& mask, double scaling) {
+  return attention_forward(query, key, value, rel_key, content_bias, position_bias, mask, scaling, nullptr);
+}
+
+// The inference kernel's forward, also writing the probabilities [H B, Q, K] for the training backward
+// (kernels_txl._CompiledRelativeAttentionFunction). Returns (output [B, Q, H, D], probs).
+std::tuple<at::Tensor, at::Tensor> relative_attention_training_forward(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& rel_key,
+    const at::Tensor& content_bias, const at::Tensor& position_bias, const at::Tensor& mask, double scaling) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4, "relative_attention_training_forward: query, key [B, H, ., D]");
+  auto probs = at::empty({query.size(1) * query.size(0), query.size(2), key.size(2)}, query.options());
+  auto output = attention_forward(query, key, value, rel_key, content_bias, position_bias, mask, scaling,
+                                  probs.data_ptr<float>());
+  return {output, probs};
 }
 
 namespace {
@@ -456,10 +490,13 @@ TORCH_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor position_bias, Tensor mask, float scaling) -> Tensor");
   m.def("relative_attention_one_query(Tensor query, Tensor key, Tensor value, Tensor rel_key, Tensor content_bias, "
         "Tensor position_bias, Tensor? mask, float scaling) -> Tensor");
+  m.def("relative_attention_training_forward(Tensor query, Tensor key, Tensor value, Tensor rel_key, "
+        "Tensor content_bias, Tensor position_bias, Tensor mask, float scaling) -> (Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_inference", &relative_attention_inference);
   m.impl("relative_attention_one_query", &relative_attention_one_query);
+  m.impl("relative_attention_training_forward", &relative_attention_training_forward);
 }
 """
 

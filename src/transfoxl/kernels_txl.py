@@ -159,26 +159,45 @@ class _RelativeAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         content_query, key, value, padded_rel_key, bias_shift, probs, output = ctx.saved_tensors
-        batch_heads, q_len, k_len = probs.shape
-        heads, head_dim = padded_rel_key.shape[0], key.shape[2]
-        batch = batch_heads // heads
-        row_dot = torch.linalg.vecdot(grad_output, output)  # [B, Q, H]: per query, sum_k dL/dp * p
-        row_dot = row_dot.permute(2, 0, 1).reshape(batch_heads, q_len)  # [H B, Q]
-        grad_output = grad_output.permute(2, 0, 1, 3).reshape(batch_heads, q_len, head_dim)  # [H B, Q, D]
-        grad_value = torch.bmm(probs.transpose(1, 2), grad_output)  # [H B, K, D]
-        # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
-        grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
-        grad_padded[:, :, :q_len].zero_()
-        grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
-        grad_scores.baddbmm_(grad_output, value.transpose(1, 2), beta=0.0)  # d loss / d probs
-        grad_scores.sub_(row_dot[..., None]).mul_(probs)  # the softmax backward, in place
-        grad_content_query = torch.bmm(grad_scores, key).mul_(ctx.scaling)
-        grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(ctx.scaling)
-        position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(ctx.scaling)
-        grad_padded = grad_padded.view(heads, batch * q_len, k_len + 1)
-        grad_position_query = torch.bmm(grad_padded, padded_rel_key)  # [H, B Q, D]
-        grad_padded_rel_key = torch.bmm(grad_padded.transpose(1, 2), position_query)  # [H, K + 1, D]
-        return grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key, None, None, None
+        grads = _relative_attention_backward(
+            grad_output, content_query, key, value, padded_rel_key, bias_shift, probs, output, ctx.scaling
+        )
+        return *grads, None, None, None
+
+
+def _relative_attention_backward(
+    grad_output: torch.Tensor,  # [B, Q, H, D]
+    content_query: torch.Tensor,  # [H B, Q, D], q + u
+    key: torch.Tensor,  # [H B, K, D]
+    value: torch.Tensor,  # [H B, K, D]
+    padded_rel_key: torch.Tensor,  # [H, K + 1, D]
+    bias_shift: torch.Tensor,  # [H, D], v - u
+    probs: torch.Tensor,  # [H B, Q, K]
+    output: torch.Tensor,  # [B, Q, H, D]
+    scaling: float,
+) -> tuple[torch.Tensor, ...]:
+    """The gradients of the training kernels' relative attention: of content_query `[H B, Q, D]`, of the scaled
+    position query `[H, B Q, D]`, of key and value `[H B, K, D]` and of padded_rel_key `[H, K + 1, D]`."""
+    batch_heads, q_len, k_len = probs.shape
+    heads, head_dim = padded_rel_key.shape[0], key.shape[2]
+    batch = batch_heads // heads
+    row_dot = torch.linalg.vecdot(grad_output, output)  # [B, Q, H]: per query, sum_k dL/dp * p
+    row_dot = row_dot.permute(2, 0, 1).reshape(batch_heads, q_len)  # [H B, Q]
+    grad_output = grad_output.permute(2, 0, 1, 3).reshape(batch_heads, q_len, head_dim)  # [H B, Q, D]
+    grad_value = torch.bmm(probs.transpose(1, 2), grad_output)  # [H B, K, D]
+    # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
+    grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
+    grad_padded[:, :, :q_len].zero_()
+    grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
+    grad_scores.baddbmm_(grad_output, value.transpose(1, 2), beta=0.0)  # d loss / d probs
+    grad_scores.sub_(row_dot[..., None]).mul_(probs)  # the softmax backward, in place
+    grad_content_query = torch.bmm(grad_scores, key).mul_(scaling)
+    grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(scaling)
+    position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(scaling)
+    grad_padded = grad_padded.view(heads, batch * q_len, k_len + 1)
+    grad_position_query = torch.bmm(grad_padded, padded_rel_key)  # [H, B Q, D]
+    grad_padded_rel_key = torch.bmm(grad_padded.transpose(1, 2), position_query)  # [H, K + 1, D]
+    return grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key
 
 
 def relative_attention(
@@ -365,6 +384,78 @@ def compiled_relative_attention(
     mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
     output = compiled_operators().relative_attention_inference(
         *_kernel_layouts(query, key, value, rel_key, content_bias, position_bias), mask, scaling
+    )
+    return output.transpose(1, 2)
+
+
+class _CompiledRelativeAttentionFunction(torch.autograd.Function):
+    """`relative_attention` with the compiled kernel's forward (`cpp_kernels_txl`: only the keys each query sees,
+    no score tensor but the probabilities it writes for backward) and `_RelativeAttentionFunction`'s backward. The
+    head-major copies that backward reads are made there, from the inputs' views."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        query: torch.Tensor,  # [B, H, Q, D]
+        key: torch.Tensor,  # [B, H, K, D]
+        value: torch.Tensor,  # [B, H, K, D]
+        rel_key: torch.Tensor,  # [H, K, D]
+        content_bias: torch.Tensor,  # [H, D]
+        position_bias: torch.Tensor,  # [H, D]
+        mask: torch.Tensor,  # [1 or B, Q, K] bool, hiding at least every key after a query's own position
+        scaling: float,
+    ) -> torch.Tensor:
+        inputs = _kernel_layouts(query, key, value, rel_key, content_bias, position_bias)
+        output, probs = compiled_operators().relative_attention_training_forward(*inputs, mask, scaling)
+        ctx.save_for_backward(*inputs, probs, output)
+        ctx.scaling = scaling
+        return output  # [B, Q, H, D]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, rel_key, content_bias, position_bias, probs, output = ctx.saved_tensors
+        batch, heads, q_len, head_dim = query.shape
+        k_len = key.shape[2]
+        content_query = (query.transpose(0, 1) + content_bias[:, None, None]).reshape(heads * batch, q_len, head_dim)
+        by_head = [tensor.transpose(0, 1).reshape(heads * batch, k_len, head_dim) for tensor in (key, value)]
+        padded_rel_key, bias_shift = pad_relative_keys(rel_key), position_bias - content_bias
+        grads = _relative_attention_backward(
+            grad_output, content_query, *by_head, padded_rel_key, bias_shift, probs, output, ctx.scaling
+        )
+        grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key = grads
+        grad_content_query = grad_content_query.view(heads, batch, q_len, head_dim)
+        grad_position_query = grad_position_query.view(heads, batch, q_len, head_dim).mul_(ctx.scaling)
+        grad_query = (grad_content_query + grad_position_query).transpose(0, 1)  # [B, H, Q, D]
+        return (
+            grad_query,
+            grad_key.view(heads, batch, k_len, head_dim).transpose(0, 1),
+            grad_value.view(heads, batch, k_len, head_dim).transpose(0, 1),
+            grad_padded_rel_key[:, 1:],
+            grad_content_query.sum((1, 2)),
+            grad_position_query.sum((1, 2)),
+            None,
+            None,
+        )
+
+
+def compiled_relative_attention_training(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rel_key: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scaling: float,
+) -> torch.Tensor:
+    """`relative_attention`'s contract (training, no dropout) where `mask` hides every key after a query's own
+    position (every mask the model builds for more than one query) and `compiled_attention_applies`: the forward in
+    one call of the compiled kernel. The output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
+    mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
+    output = _CompiledRelativeAttentionFunction.apply(
+        query, key, value, rel_key, content_bias, position_bias, mask, scaling
     )
     return output.transpose(1, 2)
 

@@ -73,6 +73,7 @@ from .kernels_txl import (
     compiled_attention_applies,
     compiled_one_query_attention,
     compiled_relative_attention,
+    compiled_relative_attention_training,
     float32_cpu_training,
     one_query_attention,
     one_row_linear,
@@ -447,7 +448,8 @@ class TxlRelativeAttention(nn.Module):
         rel_key = self._relative_keys(positions)  # [H, K, D]
 
         # The one place where the computation path is chosen: eager (the readable reference, and the only one that
-        # returns probabilities), the CPU training kernel, decoding's one-query path, CPU inference's compiled kernel
+        # returns probabilities), CPU training (the compiled forward where it is built, with the torch kernel's
+        # backward, else the torch kernel), decoding's one-query path, CPU inference's compiled kernel
         # (cpp_kernels_txl.py) or query blocks, or SDPA.
         dropout = self.config.dropatt if self.training else 0.0
         implementation = getattr(self.config, "_attn_implementation", None) or "eager"
@@ -458,7 +460,15 @@ class TxlRelativeAttention(nn.Module):
         if implementation == "eager":
             attn_output, attn_weights = eager_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         elif relative_attention_applies(query, key, value, rel_key, dropout):
-            attn_output = relative_attention(*arguments, scaling=self.scaling)
+            if (
+                mask is not None  # (causal: every mask the model builds for more than one query)
+                and q_len > 1
+                and not (torch.compiler.is_compiling() or torch.jit.is_tracing())  # (portable operators there)
+                and compiled_attention_applies(*arguments)
+            ):
+                attn_output = compiled_relative_attention_training(*arguments, scaling=self.scaling)
+            else:
+                attn_output = relative_attention(*arguments, scaling=self.scaling)
         elif q_len == 1 and dropout == 0.0:  # decoding
             if self._cpu_inference(arguments, dropout) and compiled_attention_applies(*arguments):
                 attn_output = compiled_one_query_attention(*arguments, scaling=self.scaling)
