@@ -129,6 +129,39 @@ def test_compiled_training_attention_equals_the_torch_training_path(
             torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
 
 
+def test_training_forward_writes_exact_zeros_for_hidden_keys(kernel):
+    """The probabilities the training forward keeps for backward are exactly 0 for every hidden key, also those a
+    padding mask hides among the keys a query may see (the vectorised exp's clamp would leave about 1e-38 there,
+    denormal after the division), and each row sums to 1."""
+    batch, heads, q_len, mem_len, head_dim = 3, 2, 20, 9, 16
+    inputs = _attention_inputs(batch, heads, q_len, mem_len, head_dim=head_dim)
+    mask = _mask("padding", batch, q_len, mem_len, max_mem_len=mem_len)[:, 0]  # [B, Q, K]
+    _, probs = kernel.relative_attention_training_forward(*inputs, mask, 0.25)
+    hidden = mask[None].expand(heads, -1, -1, -1).reshape(heads * batch, q_len, q_len + mem_len)  # head-major
+    assert bool((probs[hidden] == 0).all()) and bool((probs[~hidden] > 0).all())
+    torch.testing.assert_close(probs.sum(-1), torch.ones(heads * batch, q_len), rtol=0, atol=1e-6)
+
+
+def test_the_saved_query_key_and_value_hold_no_unused_rows():
+    """What the compiled training Function keeps for backward: the query, key and value as they are when their
+    storages hold nothing else (the model's own projections), compact copies when they are views of a wider
+    projection of [memory; segment] (a hooked or adapted qkv projection), whose memory rows' queries backward does
+    not need."""
+    from transfoxl.kernels_txl import _compact
+
+    batch, k_len, q_len, heads, head_dim = 2, 12, 5, 3, 8
+    key_value = torch.randn(batch, k_len, 2 * heads, head_dim).transpose(1, 2)
+    query = torch.randn(batch, q_len, heads, head_dim).transpose(1, 2)
+    key, value = key_value.chunk(2, dim=1)
+    own = _compact(query, key, value)
+    assert all(kept is given for kept, given in zip(own, (query, key, value)))
+    qkv = torch.randn(batch, k_len, 3 * heads, head_dim).transpose(1, 2)
+    query, key, value = qkv[:, :heads, -q_len:], qkv[:, heads : 2 * heads], qkv[:, 2 * heads :]
+    compact = _compact(query, key, value)
+    for kept, given in zip(compact, (query, key, value)):
+        assert torch.equal(kept, given) and kept.untyped_storage().nbytes() == given.numel() * 4
+
+
 @pytest.mark.parametrize("kernel_on", [True, False])
 def test_training_takes_the_compiled_forward_where_it_applies_with_the_torch_paths_gradients(monkeypatch, kernel_on):
     """Through the whole model (sdpa, training, two segments with a memory, gradient checkpointing on the second
@@ -455,6 +488,31 @@ def test_no_compiler_or_an_unwritable_cache_is_said_in_one_warning(fresh_builds,
     if fault == "unwritable cache":
         assert "TRANSFOXL_KERNEL_CACHE" in warning
     assert not fresh_builds.exists()
+
+
+def test_a_library_that_registers_no_operators_falls_back_with_a_warning(kernel, monkeypatch, caplog):
+    """A library that loads but whose operators are not under the build's namespace (before torch 2.11,
+    TORCH_LIBRARY stringised the namespace macro unexpanded, so every forward raised AttributeError) is refused at
+    load time: one warning and the torch path, the model's outputs unchanged."""
+    monkeypatch.setattr(cpp_kernels_txl, "_built", {})
+    monkeypatch.setattr(cpp_kernels_txl, "_registered", lambda namespace: None)  # the library's ops are elsewhere
+    caplog.set_level(logging.WARNING)
+    assert cpp_kernels_txl.compiled_operators() is None
+    (warning,) = _kernel_warnings(caplog)
+    assert "loaded but registered no transfoxl_" in warning and "TRANSFOXL_CPU_KERNEL=0" in warning
+    model = tiny_lm(mem_len=4, attn_implementation="sdpa")
+    ids = covering_ids(97, batch=2, length=12)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, tiny_lm(mem_len=4, attn_implementation="eager")(ids).logits)
+
+
+def test_every_operator_is_registered_under_the_builds_namespace(kernel):
+    """The built library's operators are under `torch.ops.transfoxl_<key>`, all of them (what `_registered` checks
+    before the kernel is used)."""
+    namespace = f"transfoxl_{cpp_kernels_txl._build_key()}"
+    assert cpp_kernels_txl._registered(namespace) is kernel
+    for name in cpp_kernels_txl.OPERATORS:
+        assert callable(getattr(kernel, name))
 
 
 def test_cxx_may_hold_arguments_and_names_a_build_of_its_own(kernel, monkeypatch):

@@ -309,7 +309,8 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
           const int64_t visible = visible_of(r);
           float* s = &scores[r * ld];
           const bool* hidden = mask_b + query_of(r) * mask.stride(1);
-          if (mask_stride != 1 || std::memchr(hidden, 1, visible) != nullptr)
+          const bool masked_row = mask_stride != 1 || std::memchr(hidden, 1, visible) != nullptr;
+          if (masked_row)
             for (int64_t j = 0; j < visible; ++j)
               if (hidden[j * mask_stride]) s[j] = lowest;
           const float maximum = row_maximum(s, visible);
@@ -320,6 +321,9 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
             continue;
           }
           row_sum[r] = exponentiate(s, visible, maximum);
+          if (masked_row)  // exactly 0, as the readable softmax gives (the exp's clamp leaves about 1e-38)
+            for (int64_t j = 0; j < visible; ++j)
+              if (hidden[j * mask_stride]) s[j] = 0.0f;
           std::fill(s + visible, s + block_visible, 0.0f);  // the values' product reads to the block's end
         }
         int64_t value_keys = block_visible;
@@ -485,7 +489,12 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
   return output;
 }
 
-TORCH_LIBRARY(TXL_NAMESPACE, m) {
+// The namespace is a macro (-DTXL_NAMESPACE=...): these wrappers expand it before torch's macros see it (before
+// torch 2.11 TORCH_LIBRARY stringised its argument as written, defining the operators under "TXL_NAMESPACE").
+#define TXL_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define TXL_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+TXL_LIBRARY(TXL_NAMESPACE, m) {
   m.def("relative_attention_inference(Tensor query, Tensor key, Tensor value, Tensor rel_key, Tensor content_bias, "
         "Tensor position_bias, Tensor mask, float scaling) -> Tensor");
   m.def("relative_attention_one_query(Tensor query, Tensor key, Tensor value, Tensor rel_key, Tensor content_bias, "
@@ -493,7 +502,7 @@ TORCH_LIBRARY(TXL_NAMESPACE, m) {
   m.def("relative_attention_training_forward(Tensor query, Tensor key, Tensor value, Tensor rel_key, "
         "Tensor content_bias, Tensor position_bias, Tensor mask, float scaling) -> (Tensor, Tensor)");
 }
-TORCH_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
+TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_inference", &relative_attention_inference);
   m.impl("relative_attention_one_query", &relative_attention_one_query);
   m.impl("relative_attention_training_forward", &relative_attention_training_forward);
@@ -584,11 +593,15 @@ def _build_key_for(compiler: tuple[str, ...], capability: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+OPERATORS = ("relative_attention_inference", "relative_attention_one_query", "relative_attention_training_forward")
+
+
 def _registered(namespace: str) -> object | None:
     """The operators of a build this process has loaded already (from any folder: this package's or a remote-code
     copy's module), or None. A second library registering the same operators would abort the process."""
     try:
-        getattr(torch.ops, namespace).relative_attention_inference  # noqa: B018  (raises if not registered)
+        for name in OPERATORS:
+            getattr(getattr(torch.ops, namespace), name)  # raises if not registered
     except (AttributeError, RuntimeError):
         return None
     return getattr(torch.ops, namespace)
@@ -642,7 +655,9 @@ def _build(key: str) -> object:
                 raise KernelUnavailable(f"{message}\n(kept in {failed}: delete it to try again)")
             os.replace(partial, library)
     torch.ops.load_library(str(library))
-    return getattr(torch.ops, namespace)
+    if (operators := _registered(namespace)) is None:  # (loaded, but its operators are not where they should be)
+        raise KernelUnavailable(f"{library} loaded but registered no {namespace} operators")
+    return operators
 
 
 def compiled_operators() -> object | None:

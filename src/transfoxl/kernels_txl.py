@@ -388,6 +388,16 @@ def compiled_relative_attention(
     return output.transpose(1, 2)
 
 
+def _compact(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`tensors` as they are where their storages hold nothing else, else compact copies: a query, key and value
+    that are views of one projection of `[memory; segment]` (a hooked or adapted projection) would keep the memory
+    rows' unused queries alive until backward."""
+    storages = {tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes() for tensor in tensors}
+    if sum(storages.values()) <= sum(tensor.numel() * tensor.element_size() for tensor in tensors):
+        return tensors
+    return tuple(tensor.contiguous() for tensor in tensors)
+
+
 class _CompiledRelativeAttentionFunction(torch.autograd.Function):
     """`relative_attention` with the compiled kernel's forward (`cpp_kernels_txl`: only the keys each query sees,
     no score tensor but the probabilities it writes for backward) and `_RelativeAttentionFunction`'s backward. The
@@ -407,7 +417,7 @@ class _CompiledRelativeAttentionFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         inputs = _kernel_layouts(query, key, value, rel_key, content_bias, position_bias)
         output, probs = compiled_operators().relative_attention_training_forward(*inputs, mask, scaling)
-        ctx.save_for_backward(*inputs, probs, output)
+        ctx.save_for_backward(*_compact(*inputs[:3]), *inputs[3:], probs, output)
         ctx.scaling = scaling
         return output  # [B, Q, H, D]
 
