@@ -263,7 +263,8 @@ def supervise(
         if now - process.started > timeout:
             process.kill()
             raise RuntimeError(f"the training ran past {timeout:.0f} s; its log: {process.log}")
-        time.sleep(interval)
+        # Not past the deadline: a checkpoint write lasts a few milliseconds, less than one interval
+        time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - now)))
 
 
 def complete_checkpoint_names(run_dir: Path) -> list[str]:
