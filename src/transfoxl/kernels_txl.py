@@ -344,10 +344,12 @@ def compiled_attention_applies(
     mask: torch.Tensor | None,
 ) -> bool:
     """Whether the compiled kernels (`cpp_kernels_txl`, built on the first call) can compute this attention:
-    float32 on the CPU without autocast, a head width that is a multiple of 8, a bool mask or none, and the kernel
-    available here. The caller decides where inference allows them (they have no backward)."""
+    float32 on the CPU without autocast, a head width that is a multiple of 8, a bool mask or none, not while a
+    graph is traced (it must hold portable operators, not this machine's), and the kernel available here. The
+    caller decides where the mask and gradients allow them."""
     return (
         (mask is None or mask.dtype == torch.bool)
+        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
         and query.shape[-1] % 8 == 0
         and all(
             tensor.device.type == "cpu" and tensor.dtype == torch.float32
@@ -367,6 +369,11 @@ def _kernel_layouts(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [*attention, content_bias.contiguous(), position_bias.contiguous()]
 
 
+def _segment_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A segment's mask as the compiled kernels read it: `[Q, K]` or `[B, 1, Q, K]` -> `[1 or B, Q, K]` (views)."""
+    return mask[None] if mask.dim() == 2 else mask[:, 0]
+
+
 def compiled_relative_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -381,7 +388,7 @@ def compiled_relative_attention(
     """`relative_attention_by_query_blocks`'s contract (inference; `mask` hides every key after a query's own
     position) in one call of the compiled kernel: one parallel region instead of several per block of queries. The
     output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
-    mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
+    mask = _segment_mask(mask)
     output = compiled_operators().relative_attention_inference(
         *_kernel_layouts(query, key, value, rel_key, content_bias, position_bias), mask, scaling
     )
@@ -463,7 +470,7 @@ def compiled_relative_attention_training(
     """`relative_attention`'s contract (training, no dropout) where `mask` hides every key after a query's own
     position (every mask the model builds for more than one query) and `compiled_attention_applies`: the forward in
     one call of the compiled kernel. The output `[B, H, Q, D]`, a view of `[B, Q, H, D]`."""
-    mask = mask[None] if mask.dim() == 2 else mask[:, 0]  # [Q, K] or [B, 1, Q, K] -> [1 or B, Q, K]
+    mask = _segment_mask(mask)
     output = _CompiledRelativeAttentionFunction.apply(
         query, key, value, rel_key, content_bias, position_bias, mask, scaling
     )

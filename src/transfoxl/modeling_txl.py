@@ -463,7 +463,6 @@ class TxlRelativeAttention(nn.Module):
             if (
                 mask is not None  # (causal: every mask the model builds for more than one query)
                 and q_len > 1
-                and not (torch.compiler.is_compiling() or torch.jit.is_tracing())  # (portable operators there)
                 and compiled_attention_applies(*arguments)
             ):
                 attn_output = compiled_relative_attention_training(*arguments, scaling=self.scaling)
