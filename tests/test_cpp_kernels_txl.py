@@ -15,7 +15,7 @@ import torch
 from tests.test_fast_paths import _attention_inputs, _mask
 from tests.test_modeling_txl import covering_ids
 from tests.utils import run_fresh_python, tiny_lm
-from transfoxl import cpp_kernels_txl
+from transfoxl import cpp_kernels_txl, kernels_txl
 from transfoxl.kernels_txl import (
     compiled_attention_applies,
     compiled_one_query_attention,
@@ -211,6 +211,89 @@ def test_training_takes_the_compiled_forward_where_it_applies_with_the_torch_pat
         torch.testing.assert_close(compared_losses, reference_losses, rtol=0, atol=1e-5)
         for name, gradient in reference_grads.items():
             torch.testing.assert_close(compared_grads[name], gradient, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("shape", [(8, 128, 256), (3, 5, 7), (1,), (4099,)])
+@pytest.mark.parametrize("p", [0.1, 0.5, 1e-9, 1 - 1e-9])
+def test_compiled_dropout_equals_the_torch_path_bit_for_bit(kernel, shape, p):
+    """The same mask from the same seed, the same outputs and gradients to the bit (products in the same order), for
+    sizes that end inside a word and a block, NaN and negative zero included."""
+    inputs = torch.randn(shape)
+    inputs.view(-1)[:2] = torch.tensor([float("nan"), -0.0])[: inputs.numel()]
+    grad_output = torch.randn(shape)
+    seed, threshold, scale = kernels_txl._dropout_seed(), kernels_txl._dropout_threshold(p), 1 / (1 - p)
+    keep = kernels_txl._keep_mask(inputs, p, seed)
+    output, compiled_keep = kernel.dropout_training_forward(inputs, seed, threshold, scale)
+    assert torch.equal(compiled_keep, keep)
+
+    def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+    assert same_bits(output, torch.mul(inputs, keep.view(torch.uint8)).mul_(scale))
+    relu_output = kernel.relu_dropout_training_forward(inputs, seed, threshold, scale)
+    assert same_bits(relu_output, torch.mul(inputs, keep.view(torch.uint8)).relu_().mul_(scale))
+    assert same_bits(
+        kernel.dropout_training_backward(grad_output, keep, scale),
+        torch.mul(grad_output, keep.view(torch.uint8)).mul_(scale),
+    )
+    assert same_bits(
+        kernel.dropout_training_backward(grad_output, relu_output, scale),
+        torch.ops.aten.threshold_backward(grad_output, relu_output, 0.0).mul_(scale),
+    )
+
+
+@pytest.mark.parametrize("function", [kernels_txl.dropout, kernels_txl.relu_dropout])
+def test_dropout_takes_the_compiled_kernel_with_the_torch_paths_masks_whatever_the_threads(
+    kernel, monkeypatch, function
+):
+    """Through the autograd Functions: with the kernel (one thread or two) and without it, one torch seed gives the
+    same outputs and gradients; the kernel is what ran."""
+    inputs = torch.randn(16, 300, requires_grad=True)
+    grad_output = torch.randn(16, 300)
+    calls = []
+    real = kernels_txl._compiled_dropout
+    monkeypatch.setattr(kernels_txl, "_compiled_dropout", lambda tensor: calls.append(1) or real(tensor))
+
+    def run(threads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            torch.manual_seed(3)
+            output = function(inputs, 0.2, True)
+            (grad,) = torch.autograd.grad(output, inputs, grad_output)
+        finally:
+            torch.set_num_threads(before)
+        return output, grad
+
+    two, one = run(2), run(1)
+    assert len(calls) == 4 and all(real(inputs) is not None for _ in calls)
+    monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
+    torch_path = run(2)
+    for compiled in (two, one):
+        assert all(torch.equal(a, b) for a, b in zip(compiled, torch_path))
+
+
+def test_training_with_dropout_gives_the_same_losses_with_the_kernel_and_without(monkeypatch):
+    """Dropout draws the same masks on both paths: three training steps of a model with dropout (attention's
+    forward compiled or not, masks from the kernel or torch) end within float32 rounding of each other."""
+    ids = covering_ids(97, batch=2, length=24)
+
+    def losses() -> list[float]:
+        torch.manual_seed(0)
+        model = tiny_lm(mem_len=8, dropout=0.2).train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        memory, result = None, []
+        for segment in ids.split(8, dim=1):
+            output = model(segment, labels=segment, past_key_values=memory)
+            output.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            memory, result = output.past_key_values, [*result, output.loss.item()]
+        return result
+
+    compiled = losses()
+    monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
+    torch.testing.assert_close(losses(), compiled, rtol=1e-5, atol=0)
 
 
 def test_compiled_attention_takes_biases_of_any_layout(kernel):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
 from tools.configs import model_config
-from transfoxl import TxlConfig, TxlForCausalLM
+from transfoxl import TxlConfig, TxlForCausalLM, kernels_txl
 from transfoxl.kernels_txl import dropout as kernel_dropout
 from transfoxl.kernels_txl import (
     float_mask,
@@ -262,6 +262,40 @@ def test_relu_dropout_is_plain_relu_in_evaluation_and_without_dropout():
     inputs = torch.randn(8, 16, requires_grad=True)
     assert torch.equal(relu_dropout(inputs, 0.3, training=False), F.relu(inputs))
     assert torch.equal(relu_dropout(inputs, 0.0, training=True), F.relu(inputs))
+
+
+def _splitmix64(seed: int, index: int) -> int:
+    """Word `index` of splitmix64's stream from `seed` (Steele, Lea and Flood 2014), Python integers, as int64."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) % 2**64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    z ^= z >> 31
+    return z - 2**64 if z >= 2**63 else z
+
+
+@pytest.mark.parametrize("seed", [0, 1, -1, 2**63 - 1, -(2**63), 0x0123456789ABCDEF])
+def test_the_dropout_stream_is_splitmix64(seed):
+    """The torch path's words (int64 products wrapping, arithmetic shifts masked into logical ones, processed a pass
+    of 65,536 words at a time) equal splitmix64 computed with Python integers, across a pass boundary."""
+    words = kernels_txl._stream_words(seed, 65536 + 9)
+    for index in (0, 1, 2, 1000, 65535, 65536, 65544):
+        assert words[index].item() == _splitmix64(seed, index), index
+
+
+def test_a_dropout_mask_reads_16_bits_of_the_stream_per_entry():
+    """Entry i is kept where bits 16 (i % 4) .. 16 (i % 4) + 15 of word i / 4, as int16, reach the threshold; p is
+    rounded to a multiple of 2^-16, and one word of torch's generator picks the stream (manual_seed repeats it)."""
+    inputs = torch.empty(3, 7)  # 21 entries: 6 words, the last one partly used
+    torch.manual_seed(5)
+    seed = kernels_txl._dropout_seed()
+    torch.manual_seed(5)
+    mask = kernels_txl._keep_mask(inputs, 0.3)
+    threshold = round(0.3 * 2**16) - 2**15
+    assert kernels_txl._dropout_threshold(0.3) == threshold
+    for entry in range(21):
+        bits = (_splitmix64(seed, entry // 4) >> (16 * (entry % 4))) & 0xFFFF
+        assert mask.flatten()[entry].item() == (bits - 2**16 * (bits >= 2**15) >= threshold), entry
+    assert kernels_txl._dropout_threshold(1 - 1e-9) == 2**15 - 1  # p just below 1: one code in 2^16 still keeps
 
 
 def test_txl_dropout_drops_at_rate_p_scales_the_rest_and_backpropagates_through_its_mask():

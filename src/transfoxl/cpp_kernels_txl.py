@@ -56,6 +56,7 @@ SOURCE = r"""
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -489,6 +490,111 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
   return output;
 }
 
+// Dropout on a counter-based random stream. Entry i of the mask drawn with `seed` keeps its input where its 16 bits
+// of word i / 4 of the stream (bits 16 (i % 4) and up, read as int16: torch's view of the words as int16 on a
+// little-endian machine) are >= `threshold`, with word n = splitmix64's n-th output from `seed`. A word depends on
+// (seed, n) alone: any thread draws any part, and the mask is the same whatever the threads.
+// kernels_txl._keep_mask is the same stream in torch operators (tests compare them).
+namespace {
+
+inline uint64_t stream_word(uint64_t seed, uint64_t n) {
+  uint64_t z = seed + (n + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr int64_t kWordsPerBlock = 16;  // 64 entries: the words in one register file, the entries in a few
+
+// The mask's entries [4 first_word, 4 last_word) (and < count): keep[i] = kept, output[i] = (input[i] kept) *
+// scale, after a ReLU where kRelu. Products in the order of the torch path (x * keep, then * scale): the same bits.
+template <bool kRelu>
+void dropout_words(const float* input, float* output, uint8_t* keep, int64_t count, uint64_t seed, int threshold,
+                   float scale, int64_t first_word, int64_t last_word) {
+  uint64_t words[kWordsPerBlock];
+  int16_t lanes[4 * kWordsPerBlock];
+  for (int64_t w0 = first_word; w0 < last_word; w0 += kWordsPerBlock) {
+    for (int64_t t = 0; t < kWordsPerBlock; ++t) words[t] = stream_word(seed, static_cast<uint64_t>(w0 + t));
+    std::memcpy(lanes, words, sizeof(words));
+    const int64_t i0 = 4 * w0, n = std::min<int64_t>(4 * std::min(kWordsPerBlock, last_word - w0), count - i0);
+    const float* x = input + i0;
+    float* y = output + i0;
+    if constexpr (kRelu) {
+      for (int64_t t = 0; t < n; ++t) y[t] = std::max(x[t] * static_cast<float>(lanes[t] >= threshold), 0.0f) * scale;
+    } else {
+      uint8_t* k = keep + i0;  // (bool's bytes: as uint8, the loop vectorises)
+      for (int64_t t = 0; t < n; ++t) {
+        const uint8_t kept = lanes[t] >= threshold;
+        k[t] = kept;
+        y[t] = x[t] * static_cast<float>(kept) * scale;
+      }
+    }
+  }
+}
+
+void check_dropout_input(const at::Tensor& input, const char* name) {
+  TORCH_CHECK(input.device().is_cpu() && input.scalar_type() == at::kFloat && input.is_contiguous(),
+              name, ": a contiguous float32 CPU tensor expected");
+}
+
+template <bool kRelu>
+std::tuple<at::Tensor, at::Tensor> dropout_forward(const at::Tensor& input, int64_t seed, int64_t threshold,
+                                                  double scale, const char* name) {
+  check_dropout_input(input, name);
+  const int64_t count = input.numel(), words = (count + 3) / 4;
+  auto output = at::empty_like(input);
+  auto keep = kRelu ? at::Tensor() : at::empty(input.sizes(), input.options().dtype(at::kBool));
+  const float* x = input.data_ptr<float>();
+  float* y = output.data_ptr<float>();
+  uint8_t* k = kRelu ? nullptr : reinterpret_cast<uint8_t*>(keep.data_ptr<bool>());
+  at::parallel_for(0, words, 4096, [&](int64_t begin, int64_t end) {
+    dropout_words<kRelu>(x, y, k, count, static_cast<uint64_t>(seed), static_cast<int>(threshold),
+                         static_cast<float>(scale), begin, end);
+  });
+  return {output, keep};
+}
+
+}  // namespace
+
+// Inverted dropout of a float32 tensor: (output, keep), keep the bool mask drawn with `seed` (see above).
+std::tuple<at::Tensor, at::Tensor> dropout_training_forward(const at::Tensor& input, int64_t seed, int64_t threshold,
+                                                           double scale) {
+  return dropout_forward<false>(input, seed, threshold, scale, "dropout_training_forward");
+}
+
+// dropout(relu(input)) with the same mask; only the output (its backward needs no more).
+at::Tensor relu_dropout_training_forward(const at::Tensor& input, int64_t seed, int64_t threshold, double scale) {
+  return std::get<0>(dropout_forward<true>(input, seed, threshold, scale, "relu_dropout_training_forward"));
+}
+
+// The gradient through dropout: grad_output * keep * scale. With `relu_output` instead of a mask (relu_dropout's
+// backward): grad_output * scale where the output is not <= 0 (ReLU's threshold_backward), else 0.
+at::Tensor dropout_training_backward(const at::Tensor& grad_output, const at::Tensor& saved, double scale) {
+  check_dropout_input(grad_output, "dropout_training_backward");
+  TORCH_CHECK(saved.is_contiguous() && saved.sizes() == grad_output.sizes() &&
+                  (saved.scalar_type() == at::kBool || saved.scalar_type() == at::kFloat),
+              "dropout_training_backward: a contiguous bool mask or float32 output of the gradient's shape expected");
+  auto grad_input = at::empty_like(grad_output);
+  const float* __restrict g = grad_output.data_ptr<float>();
+  float* __restrict out = grad_input.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  if (saved.scalar_type() == at::kBool) {
+    const uint8_t* __restrict k = reinterpret_cast<const uint8_t*>(saved.data_ptr<bool>());
+    at::parallel_for(0, grad_output.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = g[i] * static_cast<float>(k[i]) * s;
+    });
+  } else {
+    const float* y = saved.data_ptr<float>();
+    at::parallel_for(0, grad_output.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float scaled = g[i] * s;  // computed either way: a select, not a branch on random signs
+        out[i] = y[i] <= 0.0f ? 0.0f : scaled;
+      }
+    });
+  }
+  return grad_input;
+}
+
 // The namespace is a macro (-DTXL_NAMESPACE=...): these wrappers expand it before torch's macros see it (before
 // torch 2.11 TORCH_LIBRARY stringised its argument as written, defining the operators under "TXL_NAMESPACE").
 #define TXL_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
@@ -501,11 +607,17 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor position_bias, Tensor? mask, float scaling) -> Tensor");
   m.def("relative_attention_training_forward(Tensor query, Tensor key, Tensor value, Tensor rel_key, "
         "Tensor content_bias, Tensor position_bias, Tensor mask, float scaling) -> (Tensor, Tensor)");
+  m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
+  m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");
+  m.def("dropout_training_backward(Tensor grad_output, Tensor saved, float scale) -> Tensor");
 }
 TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_inference", &relative_attention_inference);
   m.impl("relative_attention_one_query", &relative_attention_one_query);
   m.impl("relative_attention_training_forward", &relative_attention_training_forward);
+  m.impl("dropout_training_forward", &dropout_training_forward);
+  m.impl("relu_dropout_training_forward", &relu_dropout_training_forward);
+  m.impl("dropout_training_backward", &dropout_training_backward);
 }
 """
 
@@ -548,12 +660,13 @@ def _compiler() -> list[str]:
 @functools.cache
 def _compile_flags(capability: str) -> tuple[str, ...]:
     """The flags torch's extensions get (C++20, PIC, OpenMP for at::parallel_for, the C++ ABI torch was built with,
-    its headers and libraries) plus AVX2, and AVX-512VL where torch dispatches to AVX-512 (32 registers). The paths
-    are those `torch.utils.cpp_extension` gives, found without importing it (it imports setuptools: over a second,
-    and absent from some environments)."""
+    its headers and libraries) plus AVX2, and AVX-512VL (32 registers) and DQ (vector 64-bit products: the dropout
+    stream) where torch dispatches to AVX-512 (it does where the CPU has VL, BW and DQ). The paths are those
+    `torch.utils.cpp_extension` gives, found without importing it (it imports setuptools: over a second, and absent
+    from some environments)."""
     torch_folder = Path(torch.__file__).parent
     include_paths = [torch_folder / "include", torch_folder / "include" / "torch" / "csrc" / "api" / "include"]
-    vector_flags = ["-mavx2", "-mfma"] + (["-mavx512f", "-mavx512vl"] if capability == "AVX512" else [])
+    vector_flags = ["-mavx2", "-mfma"] + (["-mavx512f", "-mavx512vl", "-mavx512dq"] if capability == "AVX512" else [])
     return (
         "-O3",
         "-std=c++20",
@@ -593,7 +706,14 @@ def _build_key_for(compiler: tuple[str, ...], capability: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-OPERATORS = ("relative_attention_inference", "relative_attention_one_query", "relative_attention_training_forward")
+OPERATORS = (
+    "relative_attention_inference",
+    "relative_attention_one_query",
+    "relative_attention_training_forward",
+    "dropout_training_forward",
+    "relu_dropout_training_forward",
+    "dropout_training_backward",
+)
 
 
 def _registered(namespace: str) -> object | None:

@@ -8,8 +8,9 @@ compare values and gradients), and `modeling_txl.py` decides where each one appl
   A bias that needs a gradient sends CPU SDPA to its unfused fallback (it masks twice and guards the softmax against
   fully masked rows); this is faster (docs/performance.md has the figures).
 - `dropout`, `relu_dropout`: the distribution of `nn.Dropout` (on a CPU, p rounded to a multiple of 2^-16) with
-  masks drawn as 16 random bits per entry (torch's `bernoulli_` costs about as much as a matrix product of the same
-  size on a CPU, and float uniforms take a serial draw each), and after a ReLU only the output kept for backward.
+  masks of 16 bits per entry from a counter-based stream (torch's `bernoulli_` costs about as much as a matrix
+  product of the same size on a CPU, and its generator is serial; the compiled kernel draws this stream in parallel,
+  in one pass with the product), and after a ReLU only the output kept for backward.
 - `adaptive_nll`: the adaptive softmax's loss with its gradients computed in the forward, a chunk of rows at a time,
   in place in the logits' buffer (no `[N, n_i]` log-probabilities kept).
 
@@ -527,19 +528,59 @@ def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 # Dropout
 
 
-def _keep_mask(inputs: torch.Tensor, p: float) -> torch.Tensor:
+# splitmix64 (Steele, Lea and Flood 2014): word n of the stream `seed` is mix(seed + (n + 1) * GOLDEN), every step
+# modulo 2^64. The constants as torch's int64 holds them (two's complement).
+def _int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+_GOLDEN, _MIX_1, _MIX_2 = (_int64(value) for value in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+_WORDS_PER_PASS = 65536  # 512 KB of int64: the torch path's passes over the words stay in cache
+
+
+def _stream_words(seed: int, count: int) -> torch.Tensor:
+    """Words 0..count-1 of the dropout stream `seed`, `[count]` int64: what the compiled kernel's `stream_word`
+    computes, in torch operators (arithmetic shifts masked into logical ones; products wrap as in C++)."""
+    words = torch.empty(count, dtype=torch.int64)
+    steps = torch.arange(1, min(count, _WORDS_PER_PASS) + 1, dtype=torch.int64).mul_(_GOLDEN)  # (n + 1) * GOLDEN
+    shifted = torch.empty_like(steps)
+    for start in range(0, count, _WORDS_PER_PASS):
+        z = words[start : start + _WORDS_PER_PASS]
+        t = shifted[: len(z)]
+        torch.add(steps[: len(z)], _int64(seed + start * _GOLDEN), out=z)
+        for shift, multiplier in ((30, _MIX_1), (27, _MIX_2), (31, None)):
+            torch.bitwise_right_shift(z, shift, out=t).bitwise_and_(2 ** (64 - shift) - 1)
+            z.bitwise_xor_(t)
+            if multiplier is not None:
+                z.mul_(multiplier)
+    return words
+
+
+def _dropout_seed() -> int:
+    """A dropout mask's stream: one 64-bit draw from torch's CPU generator, so `torch.manual_seed` and a saved
+    generator state (a checkpoint's) give the same masks."""
+    return torch.empty((), dtype=torch.int64).random_(-(2**63), None).item()
+
+
+def _dropout_threshold(p: float) -> int:
+    """The int16 value from which an entry is kept: p rounded to a multiple of 2^-16 (at most 1 - 2^-16), those
+    codes of a 16-bit entry's 2^16 drop it."""
+    return min(round(p * 2**16), 2**16 - 1) - 2**15
+
+
+def _keep_mask(inputs: torch.Tensor, p: float, seed: int | None = None) -> torch.Tensor:
     """A bool mask of `inputs`' shape, each entry True (kept) with probability 1 - p.
 
-    On a CPU, p is rounded to a multiple of 2^-16 (off by less than 8e-6) and each entry takes 16 random bits, four
-    from each 64-bit draw: torch's CPU generator is serial, and a float uniform costs a draw per entry, so this mask
-    comes about 3x faster. Elsewhere, float uniforms.
+    On a CPU, entry i is kept where 16 bits of word i / 4 of the stream `seed` (drawn here if None), read as int16,
+    are at least `_dropout_threshold(p)`: p is rounded to a multiple of 2^-16 (off by less than 8e-6). The stream is
+    counter-based, so the compiled kernel draws the same mask in parallel, in one pass with the product (torch's
+    CPU generator is serial, and a float uniform costs a draw per entry). Elsewhere, float uniforms.
     """
     if inputs.device.type != "cpu":
         return torch.rand_like(inputs) >= p
     count = inputs.numel()
-    words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # every bit uniform
-    dropped_codes = round(p * 2**16)  # of the 2^16 values of a 16-bit entry, those that drop it
-    return words.view(torch.int16)[:count].view(inputs.shape) >= dropped_codes - 2**15
+    words = _stream_words(_dropout_seed() if seed is None else seed, (count + 3) // 4)
+    return words.view(torch.int16)[:count].view(inputs.shape) >= _dropout_threshold(p)
 
 
 def _factor(mask: torch.Tensor) -> torch.Tensor:
@@ -549,20 +590,41 @@ def _factor(mask: torch.Tensor) -> torch.Tensor:
     return mask.view(torch.uint8)
 
 
+def _compiled_dropout(tensor: torch.Tensor) -> object | None:
+    """The compiled kernel's operators where they take `tensor` (contiguous float32 on a CPU) and no graph is being
+    traced (a traced graph holds portable operators: the torch path draws the same mask), else None."""
+    if (
+        tensor.device.type == "cpu"
+        and tensor.dtype == torch.float32
+        and tensor.is_contiguous()
+        and not torch.jit.is_tracing()
+    ):
+        return compiled_operators()
+    return None
+
+
 class _Dropout(torch.autograd.Function):
     """Inverted dropout keeping its bool mask for backward (what `F.dropout` keeps too)."""
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
-        keep = _keep_mask(inputs, p)
         ctx.scale = 1.0 / (1.0 - p)
+        if (operators := _compiled_dropout(inputs)) is not None:
+            output, keep = operators.dropout_training_forward(
+                inputs, _dropout_seed(), _dropout_threshold(p), ctx.scale
+            )
+        else:
+            keep = _keep_mask(inputs, p)
+            output = torch.mul(inputs, _factor(keep)).mul_(ctx.scale)
         ctx.save_for_backward(keep)
-        return torch.mul(inputs, _factor(keep)).mul_(ctx.scale)
+        return output
 
     @staticmethod
     @once_differentiable  # a second derivative would raise, not come out wrong
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
+        if (operators := _compiled_dropout(grad_output)) is not None:
+            return operators.dropout_training_backward(grad_output, keep, ctx.scale), None
         return torch.mul(grad_output, _factor(keep)).mul_(ctx.scale), None
 
 
@@ -574,7 +636,10 @@ class _ReluDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, p: float) -> torch.Tensor:
         ctx.scale = 1.0 / (1.0 - p)
-        output = torch.mul(inputs, _factor(_keep_mask(inputs, p))).relu_().mul_(ctx.scale)
+        if (operators := _compiled_dropout(inputs)) is not None:
+            output = operators.relu_dropout_training_forward(inputs, _dropout_seed(), _dropout_threshold(p), ctx.scale)
+        else:
+            output = torch.mul(inputs, _factor(_keep_mask(inputs, p))).relu_().mul_(ctx.scale)
         ctx.save_for_backward(output)
         return output
 
@@ -582,6 +647,8 @@ class _ReluDropout(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
+        if (operators := _compiled_dropout(grad_output)) is not None:
+            return operators.dropout_training_backward(grad_output, output, ctx.scale), None
         # ReLU's own backward (the gradient where the output is positive): one pass, no mask materialised
         return torch.ops.aten.threshold_backward(grad_output, output, 0.0).mul_(ctx.scale), None
 
