@@ -16,6 +16,8 @@ from transfoxl import TxlConfig, TxlForCausalLM, kernels_txl
 from transfoxl.kernels_txl import dropout as kernel_dropout
 from transfoxl.kernels_txl import (
     float_mask,
+    memory_linear,
+    memory_linear_applies,
     one_query_attention,
     one_row_linear,
     relative_attention,
@@ -486,6 +488,62 @@ def _train_three_segments(model, ids, compiled=None):
         losses.append(output.loss)
     sum(losses).backward()
     return torch.stack(losses).detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("weight_trained", [True, False])
+def test_memory_linear_equals_the_linear_of_the_concatenation_without_the_memorys_gradient(weight_trained):
+    """The keys and values of [memory; segment] with the memory a stop-gradient: values and the segment's and the
+    weight's gradients as `F.linear(cat(...))` gives them (a frozen weight gets none), the memory none."""
+    generator = torch.Generator().manual_seed(4)
+    memory = torch.randn(3, 5, 8, generator=generator)
+    segment = torch.randn(3, 4, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(12, 8, generator=generator, requires_grad=weight_trained)
+    grad_output = torch.randn(3, 9, 12, generator=generator)
+    assert memory_linear_applies(memory, segment)
+    output = memory_linear(memory, segment, weight)
+    expected = F.linear(torch.cat([memory, segment], dim=1), weight)
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-6)
+    inputs = (segment, weight) if weight_trained else (segment,)
+    grads = torch.autograd.grad(output, inputs, grad_output)
+    expected_grads = torch.autograd.grad(expected, inputs, grad_output)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def test_memory_linear_applies_only_where_the_memory_is_a_stop_gradient_in_eager_float_training():
+    memory, segment = torch.randn(2, 3, 8), torch.randn(2, 4, 8, requires_grad=True)
+    assert memory_linear_applies(memory, segment)
+    assert not memory_linear_applies(None, segment)
+    assert not memory_linear_applies(memory.requires_grad_(), segment)  # a memory that is not a stop-gradient
+    with torch.no_grad():
+        assert not memory_linear_applies(torch.randn(2, 3, 8), segment)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not memory_linear_applies(torch.randn(2, 3, 8), segment)
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_training_with_a_memory_projects_it_without_its_input_gradient_and_the_same_gradients(
+    monkeypatch, pre_lnorm
+):
+    """Post-LN training with a memory takes `memory_linear` in every layer once the memory holds something (pre-LN:
+    the layer norm's weights learn from the memory rows, so the concatenation stays); losses and every parameter's
+    gradient equal those of the plain projection."""
+    from transfoxl import modeling_txl
+
+    ids = covering_ids(97, batch=2, length=18)
+    calls = []
+    real = modeling_txl.memory_linear
+    results = []
+    for applies in (modeling_txl.memory_linear_applies, lambda *args: False):
+        monkeypatch.setattr(modeling_txl, "memory_linear_applies", applies)
+        monkeypatch.setattr(modeling_txl, "memory_linear", lambda *args: calls.append(1) or real(*args))
+        results.append(_train_three_segments(tiny_lm(mem_len=8, pre_lnorm=pre_lnorm).train(), ids))
+    layers = tiny_lm().config.n_layer
+    assert len(calls) == (0 if pre_lnorm else 2 * layers)  # segments 2 and 3, with the plain projection: none
+    (losses, grads), (plain_losses, plain_grads) = results
+    torch.testing.assert_close(losses, plain_losses, rtol=0, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=0, atol=1e-6)
 
 
 def test_model_traces_as_one_graph_with_equal_losses_and_gradients(one_thread):

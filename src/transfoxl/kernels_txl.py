@@ -525,6 +525,53 @@ def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# The keys and values of [memory; segment]
+
+
+class _MemoryLinear(torch.autograd.Function):
+    """`F.linear(cat([memory, segment], 1), weight)` whose backward computes the input's gradient for the segment's
+    rows only: the memory is a stop-gradient (the paper's SG), so autograd would compute the memory rows' gradient
+    and drop it at the concatenation, half of the key and value projection's input gradient when M = Q."""
+
+    @staticmethod
+    def forward(ctx, memory: torch.Tensor, segment: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        context = torch.cat([memory, segment], dim=1)  # [B, K, E]
+        ctx.save_for_backward(context, weight)
+        ctx.mem_len = memory.shape[1]
+        return F.linear(context, weight)  # [B, K, N]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        context, weight = ctx.saved_tensors
+        grad_segment = grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_segment = torch.matmul(grad_output[:, ctx.mem_len :], weight)  # [B, Q, E]
+        if ctx.needs_input_grad[2]:
+            grad_weight = torch.mm(grad_output.flatten(0, 1).t(), context.flatten(0, 1))  # [N, E]
+        return None, grad_segment, grad_weight
+
+
+def memory_linear_applies(memory: torch.Tensor | None, segment: torch.Tensor) -> bool:
+    """Whether `memory_linear` applies: a gradient flows to the segment or the weight but not to the memory, in
+    eager mode without autocast (the Function computes in its inputs' dtype) or functorch transforms."""
+    return (
+        memory is not None
+        and torch.is_grad_enabled()
+        and not memory.requires_grad
+        and not torch.is_autocast_enabled(segment.device.type)
+        and not torch.compiler.is_compiling()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+def memory_linear(memory: torch.Tensor, segment: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(torch.cat([memory, segment], 1), weight)`, `[B, M + Q, N]`, the memory a stop-gradient: its rows get
+    no input gradient (where `memory_linear_applies`)."""
+    return _MemoryLinear.apply(memory, segment, weight)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Dropout
 
 

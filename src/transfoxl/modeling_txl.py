@@ -75,6 +75,8 @@ from .kernels_txl import (
     compiled_relative_attention,
     compiled_relative_attention_training,
     float32_cpu_training,
+    memory_linear,
+    memory_linear_applies,
     one_query_attention,
     one_row_linear,
     pad_relative_keys,
@@ -419,23 +421,34 @@ class TxlRelativeAttention(nn.Module):
             store.drop_projections()
         kept = version is not None and hidden_memory is not None and store.has_projections(version)
 
-        if not kept:  # project [memory; segment], as in the paper
-            context = hidden_states if hidden_memory is None else torch.cat([hidden_memory, hidden_states], dim=1)
-        else:  # the memory's keys and values are kept: only the segment needs projecting
+        inner = self.n_head * self.d_head
+        # Training after post-LN: the memory is a stop-gradient, so the keys and values of [memory; segment] come
+        # from `memory_linear`, whose backward skips the memory rows' input gradient (autograd would compute it and
+        # drop it at the concatenation); it concatenates them itself.
+        sliced = (
+            not kept and hidden_memory is not None and hidden_memory.shape[1] > 0 and _is_plain_linear(self.qkv_proj)
+        )
+        stop_gradient = sliced and not self.pre_lnorm and memory_linear_applies(hidden_memory, hidden_states)
+        if kept or hidden_memory is None:  # kept: the memory's keys and values are there, only the segment is new
             context = hidden_states  # [B, Q, E]
+        elif not stop_gradient:  # project [memory; segment], as in the paper
+            context = torch.cat([hidden_memory, hidden_states], dim=1)  # [B, K, E]
         if self.pre_lnorm:
             context = _layer_norm(self.layer_norm, context)
 
-        inner = self.n_head * self.d_head
-        if context.shape[1] > q_len and _is_plain_linear(self.qkv_proj):
+        if sliced:
             # Only the segment needs queries: slicing the weight spares the memory rows' (1/6 of the projection's
             # FLOPs when M = Q). Hooks, adapters (LoRA) and quantised layers keep the module call below.
             # (post-LN: the segment's rows are `hidden_states` itself, which F.linear reads without copying the slice)
             segment = context[:, -q_len:] if self.pre_lnorm else hidden_states
             query = F.linear(segment, self.qkv_proj.weight[:inner])  # [B, Q, H*D]
             query = query.view(batch, q_len, self.n_head, self.d_head).transpose(1, 2)  # [B, H, Q, D]
-            key_value = F.linear(context, self.qkv_proj.weight[inner:])  # [B, K, 2 H*D]
-            key_value = key_value.view(batch, context.shape[1], 2 * self.n_head, self.d_head).transpose(1, 2)
+            if stop_gradient:
+                key_value = memory_linear(hidden_memory, hidden_states, self.qkv_proj.weight[inner:])
+            else:
+                key_value = F.linear(context, self.qkv_proj.weight[inner:])  # [B, K, 2 H*D]
+            k_len = key_value.shape[1]
+            key_value = key_value.view(batch, k_len, 2 * self.n_head, self.d_head).transpose(1, 2)
             key, value = key_value.chunk(2, dim=1)  # [B, H, K, D] each
         else:  # the module call; the memory's queries, if any, are computed and dropped
             qkv = _project(self.qkv_proj, context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)
