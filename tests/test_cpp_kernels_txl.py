@@ -252,7 +252,7 @@ def test_dropout_takes_the_compiled_kernel_with_the_torch_paths_masks_whatever_t
     grad_output = torch.randn(16, 300)
     calls = []
     real = kernels_txl._compiled_dropout
-    monkeypatch.setattr(kernels_txl, "_compiled_dropout", lambda tensor: calls.append(1) or real(tensor))
+    monkeypatch.setattr(kernels_txl, "_compiled_dropout", lambda *tensors: calls.append(1) or real(*tensors))
 
     def run(threads: int) -> tuple[torch.Tensor, torch.Tensor]:
         before = torch.get_num_threads()
@@ -506,12 +506,14 @@ def test_the_kernel_is_built_once_into_its_cache_and_loaded_from_there(kernel, t
 
 
 def _kernel_warnings(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if "CPU attention kernel" in record.getMessage()]
+    return [
+        record.getMessage() for record in caplog.records if "CPU kernels (attention, dropout)" in record.getMessage()
+    ]
 
 
 @pytest.mark.reliability(
     "model input",
-    "a C++ compiler that fails to build the CPU attention kernel ($CXX exits 1)",
+    "a C++ compiler that fails to build the CPU kernels (attention, dropout; $CXX exits 1)",
     "the build's notice, then one warning naming the cause and TRANSFOXL_CPU_KERNEL=0; the failure kept, so a later "
     "process does not compile again; no library under the kernel's name; the torch path's outputs",
 )

@@ -300,6 +300,25 @@ def test_a_dropout_mask_reads_16_bits_of_the_stream_per_entry():
     assert kernels_txl._dropout_threshold(1 - 1e-9) == 2**15 - 1  # p just below 1: one code in 2^16 still keeps
 
 
+def test_relu_dropout_of_a_non_contiguous_input_backpropagates():
+    """A transposed input takes the torch path forward (its output keeps the input's strides); backward then takes
+    the torch path too, and the gradient flows through exactly the kept units."""
+    inputs = torch.randn(64, 48).t().requires_grad_()
+    output = relu_dropout(inputs, 0.3, training=True)
+    grad_output = torch.randn(48, 64)
+    (grad,) = torch.autograd.grad(output, inputs, grad_output)
+    torch.testing.assert_close(grad, torch.where(output > 0, grad_output / 0.7, 0.0))
+
+
+@pytest.mark.parametrize("p", [1e-3, 1 - 1e-3])
+def test_dropout_near_0_or_1_is_torchs_own(p):
+    """Rounding p to a multiple of 2^-16 would move p or 1 - p by more than 0.2% there: torch's dropout, whose kept
+    units are scaled by 1 / (1 - p) for exactly that p."""
+    inputs = torch.randn(4, 8, requires_grad=True)
+    assert not kernels_txl._dropout_applies(inputs, p, True)
+    assert kernels_txl._dropout_applies(inputs, 2**-8, True) and kernels_txl._dropout_applies(inputs, 1 - 2**-8, True)
+
+
 def test_txl_dropout_drops_at_rate_p_scales_the_rest_and_backpropagates_through_its_mask():
     torch.manual_seed(0)
     dropout = TxlDropout(0.3).train()
@@ -521,10 +540,35 @@ def test_memory_linear_applies_only_where_the_memory_is_a_stop_gradient_in_eager
         assert not memory_linear_applies(torch.randn(2, 3, 8), segment)
 
 
+def test_memory_linear_keeps_no_context_for_a_frozen_weight():
+    """As F.linear: with the weight frozen (partial fine-tuning), backward needs only the weight, so no copy of
+    [memory; segment] is kept until backward."""
+    memory, segment = torch.randn(2, 5, 8), torch.randn(2, 4, 8, requires_grad=True)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda tensor: kept.append(tuple(tensor.shape)) or tensor, lambda t: t
+    ):
+        memory_linear(memory, segment, torch.randn(12, 8))
+        memory_linear(memory, segment.detach(), torch.randn(12, 8, requires_grad=True))
+    assert kept == [(12, 8), (2, 9, 8)]  # the frozen weight's call keeps the weight; the trained one the context
+
+
+def test_eager_attention_keeps_a_second_derivative_through_the_memory():
+    """The eager path (the readable reference) stays differentiable twice with a memory: a gradient penalty works;
+    `memory_linear`, whose backward is once-differentiable, is the fast paths' alone."""
+    ids = covering_ids(97, batch=2, length=12)
+    model = tiny_lm(mem_len=6, attn_implementation="eager").train()
+    memory = model(ids[:, :6], use_cache=True).past_key_values
+    loss = model(ids[:, 6:], labels=ids[:, 6:], past_key_values=memory).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True, allow_unused=True)
+    penalty = sum((grad**2).sum() for grad in grads if grad is not None)
+    penalty.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
 @pytest.mark.parametrize("pre_lnorm", [False, True])
-def test_training_with_a_memory_projects_it_without_its_input_gradient_and_the_same_gradients(
-    monkeypatch, pre_lnorm
-):
+def test_training_with_a_memory_projects_it_without_its_input_gradient_and_the_same_gradients(monkeypatch, pre_lnorm):
     """Post-LN training with a memory takes `memory_linear` in every layer once the memory holds something (pre-LN:
     the layer norm's weights learn from the memory rows, so the concatenation stays); losses and every parameter's
     gradient equal those of the plain projection."""
@@ -537,7 +581,8 @@ def test_training_with_a_memory_projects_it_without_its_input_gradient_and_the_s
     for applies in (modeling_txl.memory_linear_applies, lambda *args: False):
         monkeypatch.setattr(modeling_txl, "memory_linear_applies", applies)
         monkeypatch.setattr(modeling_txl, "memory_linear", lambda *args: calls.append(1) or real(*args))
-        results.append(_train_three_segments(tiny_lm(mem_len=8, pre_lnorm=pre_lnorm).train(), ids))
+        model = tiny_lm(mem_len=8, pre_lnorm=pre_lnorm, attn_implementation="sdpa").train()
+        results.append(_train_three_segments(model, ids))
     layers = tiny_lm().config.n_layer
     assert len(calls) == (0 if pre_lnorm else 2 * layers)  # segments 2 and 3, with the plain projection: none
     (losses, grads), (plain_losses, plain_grads) = results

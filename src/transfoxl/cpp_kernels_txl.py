@@ -1,5 +1,5 @@
-"""Compiled CPU kernels for relative attention (inference, and training's forward), built on first use with the
-machine's C++ compiler.
+"""Compiled CPU kernels for relative attention (inference, and training's forward) and for training's dropout, built
+on first use with the machine's C++ compiler.
 
 `relative_attention_by_query_blocks` (kernels_txl.py) computes a long segment's attention a block of queries at a
 time with torch operators: about five parallel regions per block, where transformers' GPT-2 makes one SDPA call a
@@ -19,6 +19,11 @@ computes a padded product and views it shifted). Decoding (one query per sequenc
 layer for the six of `kernels_txl.one_query_attention`, each key's row read in place. Training takes the same
 forward, which then also writes p (`[H B, Q, K]`, zeros past the keys a query sees) for the torch backward of
 `kernels_txl._relative_attention_backward`. Values equal the readable path's within float32 rounding (tests).
+
+Dropout draws its mask from a counter-based stream (splitmix64: word n depends only on the seed and n), so each
+thread draws its own part of the mask in the same pass that multiplies the inputs (and applies the ReLU before the
+feed-forward's second product); `kernels_txl._keep_mask` computes the same stream with torch operators, and the two
+agree bit for bit (tests).
 
 Built once per machine, torch version and CPU capability into ~/.cache/transfoxl/kernels (or $TRANSFOXL_KERNEL_CACHE),
 about 10 s; on Linux x86-64 with AVX2 and a C++ compiler (`$CXX`, else `c++`) only. Elsewhere, with
@@ -755,8 +760,8 @@ def _build(key: str) -> object:
             ) from error
         # Said once (the build is kept): the first long forward otherwise pauses unexplained.
         logger.warning(
-            "transfoxl: building its CPU attention kernel into %s (once for this torch installation, about 10 s; "
-            "TRANSFOXL_CPU_KERNEL=0 skips it).",
+            "transfoxl: building its CPU kernels (attention, dropout) into %s (once for this torch installation, "
+            "about 10 s; TRANSFOXL_CPU_KERNEL=0 skips it).",
             library,
         )
         # Compiled in a private folder and moved in whole: a build cut short, or another process building the
@@ -781,9 +786,10 @@ def _build(key: str) -> object:
 
 
 def compiled_operators() -> object | None:
-    """The compiled kernel's operators, built on the first call: `relative_attention_inference` (a segment of
-    queries) and `relative_attention_one_query` (decoding), `torch.ops.transfoxl_<key>.*` (SOURCE has their
-    contracts); None where `supported_here()` is False or building failed (a warning says why, once a process)."""
+    """The compiled kernel's operators, built on the first call (`OPERATORS`: attention for a segment of queries,
+    for decoding and for training's forward; dropout's forward and backward), `torch.ops.transfoxl_<key>.*` (SOURCE
+    has their contracts); None where `supported_here()` is False or building failed (a warning says why, once a
+    process)."""
     if not supported_here():
         return None
     key = _build_key()
@@ -793,10 +799,11 @@ def compiled_operators() -> object | None:
         if key not in _built:
             try:
                 _built[key] = _build(key)
-            except Exception as error:  # whatever keeps the kernel away, inference goes on by the torch path
+            except Exception as error:  # whatever keeps the kernel away, the model goes on by the torch paths
                 logger.warning(
-                    "transfoxl: the CPU attention kernel is not available (%s); CPU inference uses the torch path "
-                    "(slower on small models). TRANSFOXL_CPU_KERNEL=0 turns the kernel off.",
+                    "transfoxl: the CPU kernels (attention, dropout) are not available (%s); CPU inference and "
+                    "training use the torch paths (the same results, slower on small models). TRANSFOXL_CPU_KERNEL=0 "
+                    "turns the kernels off.",
                     error,
                 )
                 _built[key] = None

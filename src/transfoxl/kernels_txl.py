@@ -536,12 +536,15 @@ class _MemoryLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, memory: torch.Tensor, segment: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         context = torch.cat([memory, segment], dim=1)  # [B, K, E]
-        ctx.save_for_backward(context, weight)
+        # (only what backward will read: a frozen weight needs no copy of the context kept, as with F.linear)
+        ctx.save_for_backward(
+            context if ctx.needs_input_grad[2] else None, weight if ctx.needs_input_grad[1] else None
+        )
         ctx.mem_len = memory.shape[1]
         return F.linear(context, weight)  # [B, K, N]
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable  # (the eager attention, which supports a second derivative, does not take this Function)
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         context, weight = ctx.saved_tensors
         grad_segment = grad_weight = None
@@ -637,13 +640,15 @@ def _factor(mask: torch.Tensor) -> torch.Tensor:
     return mask.view(torch.uint8)
 
 
-def _compiled_dropout(tensor: torch.Tensor) -> object | None:
-    """The compiled kernel's operators where they take `tensor` (contiguous float32 on a CPU) and no graph is being
-    traced (a traced graph holds portable operators: the torch path draws the same mask), else None."""
+def _compiled_dropout(tensor: torch.Tensor, saved: torch.Tensor | None = None) -> object | None:
+    """The compiled kernel's operators where they take `tensor` (contiguous float32 on a CPU) and, in backward, what
+    forward saved (contiguous), and no graph is being traced (a traced graph holds portable operators: the torch path
+    draws the same mask), else None."""
     if (
         tensor.device.type == "cpu"
         and tensor.dtype == torch.float32
         and tensor.is_contiguous()
+        and (saved is None or saved.is_contiguous())
         and not torch.jit.is_tracing()
     ):
         return compiled_operators()
@@ -670,7 +675,7 @@ class _Dropout(torch.autograd.Function):
     @once_differentiable  # a second derivative would raise, not come out wrong
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
-        if (operators := _compiled_dropout(grad_output)) is not None:
+        if (operators := _compiled_dropout(grad_output, keep)) is not None:
             return operators.dropout_training_backward(grad_output, keep, ctx.scale), None
         return torch.mul(grad_output, _factor(keep)).mul_(ctx.scale), None
 
@@ -694,20 +699,21 @@ class _ReluDropout(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
-        if (operators := _compiled_dropout(grad_output)) is not None:
+        if (operators := _compiled_dropout(grad_output, output)) is not None:
             return operators.dropout_training_backward(grad_output, output, ctx.scale), None
         # ReLU's own backward (the gradient where the output is positive): one pass, no mask materialised
         return torch.ops.aten.threshold_backward(grad_output, output, 0.0).mul_(ctx.scale), None
 
 
 def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
-    """Whether the Functions above apply: training with a gradient, in eager mode. Under torch.compile, torch's own
-    dropout (fused there anyway): torch 2.11's compile gave a zero gradient through a Function whose forward writes
-    its output in place, as these do (`--compile` training learned nothing), and its inductor could not lower the
-    mask's bool-as-uint8 view."""
+    """Whether the Functions above apply: training with a gradient, in eager mode, p in [2^-8, 1 - 2^-8] (where
+    rounding p to a multiple of 2^-16 moves p and 1 - p by at most 0.2%; nearer 0 or 1, torch's own). Under
+    torch.compile, torch's own dropout (fused there anyway): torch 2.11's compile gave a zero gradient through a
+    Function whose forward writes its output in place, as these do (`--compile` training learned nothing), and its
+    inductor could not lower the mask's bool-as-uint8 view."""
     return (
         training
-        and 0.0 < p < 1.0
+        and 2**-8 <= p <= 1 - 2**-8
         and torch.is_grad_enabled()
         and inputs.requires_grad
         and not torch._C._are_functorch_transforms_active()

@@ -422,13 +422,22 @@ class TxlRelativeAttention(nn.Module):
         kept = version is not None and hidden_memory is not None and store.has_projections(version)
 
         inner = self.n_head * self.d_head
+        implementation = getattr(self.config, "_attn_implementation", None) or "eager"
+        if output_attentions or implementation not in ("sdpa", "eager"):
+            implementation = "eager"
         # Training after post-LN: the memory is a stop-gradient, so the keys and values of [memory; segment] come
         # from `memory_linear`, whose backward skips the memory rows' input gradient (autograd would compute it and
-        # drop it at the concatenation); it concatenates them itself.
+        # drop it at the concatenation); it concatenates them itself. Not on the eager path, the readable reference,
+        # which keeps every operation differentiable twice (a gradient penalty, Hessian-vector products).
         sliced = (
             not kept and hidden_memory is not None and hidden_memory.shape[1] > 0 and _is_plain_linear(self.qkv_proj)
         )
-        stop_gradient = sliced and not self.pre_lnorm and memory_linear_applies(hidden_memory, hidden_states)
+        stop_gradient = (
+            sliced
+            and not self.pre_lnorm
+            and implementation != "eager"
+            and memory_linear_applies(hidden_memory, hidden_states)
+        )
         if kept or hidden_memory is None:  # kept: the memory's keys and values are there, only the segment is new
             context = hidden_states  # [B, Q, E]
         elif not stop_gradient:  # project [memory; segment], as in the paper
@@ -465,11 +474,8 @@ class TxlRelativeAttention(nn.Module):
         # backward, else the torch kernel), decoding's one-query path, CPU inference's compiled kernel
         # (cpp_kernels_txl.py) or query blocks, or SDPA.
         dropout = self.config.dropatt if self.training else 0.0
-        implementation = getattr(self.config, "_attn_implementation", None) or "eager"
         arguments = (query, key, value, rel_key, content_bias, position_bias, mask)
         attn_weights = None
-        if output_attentions or implementation not in ("sdpa", "eager"):
-            implementation = "eager"
         if implementation == "eager":
             attn_output, attn_weights = eager_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         elif relative_attention_applies(query, key, value, rel_key, dropout):
