@@ -654,6 +654,30 @@ def test_compiled_dropout_backpropagates_through_the_units_its_forward_kept(func
     torch.testing.assert_close(inputs.grad, weights * kept / 0.75)
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_training_model_with_dropout_traces_with_torchs_dropout():
+    """torch.jit.trace of a model in training mode with dropout: the graph holds torch's dropout, not the Functions
+    (a Python op in a graph does not save; and the torch path's view of int64 words as int16 has no TorchScript
+    operator: tracing raised an internal assert)."""
+    model = tiny_lm(mem_len=8, dropout=0.2).train()
+    ids = covering_ids(97, batch=2, length=8)
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(ids, labels=ids, use_cache=False).loss
+
+    traced = torch.jit.trace(Loss(), ids, check_trace=False)
+    nodes = list(traced.inlined_graph.nodes())
+    python_ops = [node.pyname() for node in nodes if node.kind() == "prim::PythonOp"]
+    assert "aten::dropout" in [node.kind() for node in nodes]
+    assert not [name for name in python_ops if "Dropout" in name]
+    assert torch.isfinite(traced(ids))
+
+
 def test_generate_through_a_forward_compiled_as_one_graph_gives_the_eager_tokens(one_thread):
     """Decoding traces too: generate() through `torch.compile(model.forward, fullgraph=True)` (the prompt, then one
     token at a time, the memory moved to a new buffer at each) picks the eager model's tokens."""

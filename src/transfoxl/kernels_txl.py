@@ -642,14 +642,12 @@ def _factor(mask: torch.Tensor) -> torch.Tensor:
 
 def _compiled_dropout(tensor: torch.Tensor, saved: torch.Tensor | None = None) -> object | None:
     """The compiled kernel's operators where they take `tensor` (contiguous float32 on a CPU) and, in backward, what
-    forward saved (contiguous), and no graph is being traced (a traced graph holds portable operators: the torch path
-    draws the same mask), else None."""
+    forward saved (contiguous), else None (the torch path, which draws the same mask)."""
     if (
         tensor.device.type == "cpu"
         and tensor.dtype == torch.float32
         and tensor.is_contiguous()
         and (saved is None or saved.is_contiguous())
-        and not torch.jit.is_tracing()
     ):
         return compiled_operators()
     return None
@@ -710,7 +708,8 @@ def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
     rounding p to a multiple of 2^-16 moves p and 1 - p by at most 0.2%; nearer 0 or 1, torch's own). Under
     torch.compile, torch's own dropout (fused there anyway): torch 2.11's compile gave a zero gradient through a
     Function whose forward writes its output in place, as these do (`--compile` training learned nothing), and its
-    inductor could not lower the mask's bool-as-uint8 view."""
+    inductor could not lower the mask's bool-as-uint8 view. Under torch.jit.trace, torch's own too: a traced graph
+    holds portable operators, and TorchScript has no view to another dtype."""
     return (
         training
         and 2**-8 <= p <= 1 - 2**-8
@@ -718,6 +717,7 @@ def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
         and inputs.requires_grad
         and not torch._C._are_functorch_transforms_active()
         and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
     )
 
 
