@@ -13,6 +13,8 @@ compare values and gradients), and `modeling_txl.py` decides where each one appl
   in one pass with the product), and after a ReLU only the output kept for backward.
 - `adaptive_nll`: the adaptive softmax's loss with its gradients computed in the forward, a chunk of rows at a time,
   in place in the logits' buffer (no `[N, n_i]` log-probabilities kept).
+- `memory_linear`: the keys and values of [memory; segment] whose backward skips the memory rows' input gradient,
+  which the stop-gradient would drop anyway.
 
 Tensors only: nothing here knows the model's modules or config, and this file imports torch alone, so
 `save_pretrained` copies it into a model folder beside `modeling_txl.py` for `trust_remote_code=True`.
@@ -556,8 +558,8 @@ class _MemoryLinear(torch.autograd.Function):
 
 
 def memory_linear_applies(memory: torch.Tensor | None, segment: torch.Tensor) -> bool:
-    """Whether `memory_linear` applies: a gradient flows to the segment or the weight but not to the memory, in
-    eager mode without autocast (the Function computes in its inputs' dtype) or functorch transforms."""
+    """Whether `memory_linear` applies: gradients are on and the memory takes none, in eager mode without autocast
+    (the Function computes in its inputs' dtype) or functorch transforms."""
     return (
         memory is not None
         and torch.is_grad_enabled()
