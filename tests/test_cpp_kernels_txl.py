@@ -53,6 +53,8 @@ def fresh_builds(monkeypatch, tmp_path):
         (1, 70, 5, 64, "causal"),  # the wt103 head width
         (3, 20, 9, 24, "padding"),  # padded keys: row 1's first and last memory positions
         (3, 19, 12, 8, "same_length"),
+        (2, 50, 77, 32, "causal"),  # groups of rows whose position products span several tiles of keys
+        (2, 33, 100, 48, "padding"),  # a head width of 16-float vectors and a half (the values' product)
     ],
 )
 def test_compiled_attention_equals_eager(kernel, batch, q_len, mem_len, head_dim, mask_kind):
@@ -102,6 +104,7 @@ def test_compiled_one_query_attention_equals_eager(kernel, batch, mem_len, head_
         (3, 20, 9, 24, "padding"),
         (3, 19, 12, 8, "same_length"),
         (2, 20, 6, 16, "hidden"),  # sequence 0's first five queries see no key (left padding)
+        (2, 50, 77, 32, "causal"),
     ],
 )
 def test_compiled_training_attention_equals_the_torch_training_path(

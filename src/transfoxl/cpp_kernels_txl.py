@@ -86,7 +86,28 @@ struct Vec {
   friend Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
 };
 constexpr int TR = Vec::TR;
-constexpr int64_t KEYS = 2 * Vec::W;  // keys per score tile
+
+// The score products' vectors: sixteen floats in an AVX-512 register where the build has AVX-512 (twice the work per
+// instruction; on CPUs with 512-bit FMA units, twice the rate), else Vec. Rows per product tile: 8 where there are 32
+// registers (2 x 8 accumulators, 2 vectors of keys, a broadcast), else 4.
+#if defined(__AVX512F__)
+struct Vec16 {
+  static constexpr int W = 16;
+  __m512 v;
+  static Vec16 zero() { return {_mm512_setzero_ps()}; }
+  static Vec16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec16 bcast(const float* p) { return {_mm512_set1_ps(*p)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  friend Vec16 fma(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  friend Vec16 operator+(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+};
+using Wide = Vec16;
+constexpr int GR = 8;
+#else
+using Wide = Vec;
+constexpr int GR = 4;
+#endif
+constexpr int64_t KEYS = 2 * Wide::W;  // keys per score tile
 constexpr int64_t ROWS = 16;  // queries per block (their scores stay in L2)
 constexpr int64_t PV_KEYS = 64;  // keys per step of the probabilities-times-values product (their values stay in L1)
 
@@ -175,48 +196,79 @@ inline void transpose_8x8(const float* src, int64_t src_stride, float* dst, int6
   }
 }
 
-// Scores of TR rows for KEYS keys from j: s[r][j] = cq[r] . kt[:, j] + pq[r] . rt[:, j + off[r]], where kt / rt are
-// the transposed keys / relative keys [D, ld] and off[r] = Q - 1 - i_r. Content and position products go to
-// separate accumulators: independent chains keep both FMA units busy.
-inline void scores_tile(const float* cq, const float* pq, int64_t D, const float* kt, const float* rt, int64_t ld,
-                        int64_t j, const int64_t* off, float* const* s) {
-  Vec a[TR][2], p[TR][2];
-  for (int r = 0; r < TR; ++r) a[r][0] = a[r][1] = p[r][0] = p[r][1] = Vec::zero();
+// out[r][0, KEYS) = sum_d a[r][d] bt[d][col + (0, KEYS)] for R rows of a (D apart), plus addend[r][0, KEYS) where
+// addend is given: bt is transposed keys or relative keys [D, ld], whose KEYS consecutive columns per width index
+// are two vectors, shared by the R rows (a broadcast each). The scores are two such products: the position product
+// of a group of rows into a buffer first, then the content product with the shifted position scores added to it.
+template <int R>
+inline void product_tile(const float* a, int64_t D, const float* bt, int64_t ld, int64_t col, float* const* out,
+                         const float* const* addend) {
+  using V = Wide;
+  V acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
   for (int64_t d = 0; d < D; ++d) {
-    const float* k = kt + d * ld + j;
-    const float* rel = rt + d * ld + j;
-    const Vec k0 = Vec::load(k), k1 = Vec::load(k + Vec::W);
-    for (int r = 0; r < TR; ++r) {
-      const Vec c = Vec::bcast(cq + r * D + d), q = Vec::bcast(pq + r * D + d);
-      a[r][0] = fma(c, k0, a[r][0]);
-      a[r][1] = fma(c, k1, a[r][1]);
-      p[r][0] = fma(q, Vec::load(rel + off[r]), p[r][0]);
-      p[r][1] = fma(q, Vec::load(rel + off[r] + Vec::W), p[r][1]);
+    const float* b = bt + d * ld + col;
+    const V b0 = V::load(b), b1 = V::load(b + V::W);
+    for (int r = 0; r < R; ++r) {
+      const V x = V::bcast(a + r * D + d);
+      acc[r][0] = fma(x, b0, acc[r][0]);
+      acc[r][1] = fma(x, b1, acc[r][1]);
     }
   }
-  for (int r = 0; r < TR; ++r) {
-    (a[r][0] + p[r][0]).store(s[r] + j);
-    (a[r][1] + p[r][1]).store(s[r] + j + Vec::W);
+  for (int r = 0; r < R; ++r) {
+    if (addend != nullptr) {
+      acc[r][0] = acc[r][0] + V::load(addend[r]);
+      acc[r][1] = acc[r][1] + V::load(addend[r] + V::W);
+    }
+    acc[r][0].store(out[r]);
+    acc[r][1].store(out[r] + V::W);
   }
 }
 
-// o[r][0:C W] += sum_j p[r][j] v[j][0:C W] for TR rows (p rows ld apart, o rows D apart).
-template <int C>
+// o[r][0:C W] += sum_j p[r][j] v[j][0:C W] for R rows (p rows ld apart, o rows D apart), V's W floats a vector.
+template <class V, int R, int C>
 inline void values_tile(const float* p, int64_t ld, const float* v, int64_t v_stride, int64_t n, float* o,
                         int64_t D) {
-  Vec a[TR][C];
-  for (int r = 0; r < TR; ++r)
-    for (int c = 0; c < C; ++c) a[r][c] = Vec::load(o + r * D + Vec::W * c);
+  V a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = V::load(o + r * D + V::W * c);
   for (int64_t j = 0; j < n; ++j) {
-    Vec vj[C];
-    for (int c = 0; c < C; ++c) vj[c] = Vec::load(v + j * v_stride + Vec::W * c);
-    for (int r = 0; r < TR; ++r) {
-      const Vec b = Vec::bcast(p + r * ld + j);
+    V vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = V::load(v + j * v_stride + V::W * c);
+    for (int r = 0; r < R; ++r) {
+      const V b = V::bcast(p + r * ld + j);
       for (int c = 0; c < C; ++c) a[r][c] = fma(b, vj[c], a[r][c]);
     }
   }
-  for (int r = 0; r < TR; ++r)
-    for (int c = 0; c < C; ++c) a[r][c].store(o + r * D + Vec::W * c);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c].store(o + r * D + V::W * c);
+}
+
+// out[r][0:D] += sum_j p[r][j] v[j][0:D] for the block's `rows` (a multiple of GR): 16-float vectors where D allows,
+// else 8.
+inline void values_block(const float* p, int64_t ld, const float* v, int64_t v_stride, int64_t n, float* out,
+                         int64_t D, int64_t rows) {
+  if (Wide::W == 16 && D % 16 == 0) {
+    for (int64_t r = 0; r < rows; r += GR)
+      for (int64_t c = 0; c < D; c += 2 * Wide::W) {
+        if (D - c >= 2 * Wide::W)
+          values_tile<Wide, GR, 2>(p + r * ld, ld, v + c, v_stride, n, out + r * D + c, D);
+        else
+          values_tile<Wide, GR, 1>(p + r * ld, ld, v + c, v_stride, n, out + r * D + c, D);
+      }
+    return;
+  }
+  for (int64_t r = 0; r < rows; r += TR)
+    for (int64_t c = 0; c < D; c += 4 * Vec::W) {
+      const float* pr = p + r * ld;
+      float* o = out + r * D + c;
+      switch (std::min<int64_t>(4, (D - c) / Vec::W)) {
+        case 4: values_tile<Vec, TR, 4>(pr, ld, v + c, v_stride, n, o, D); break;
+        case 3: values_tile<Vec, TR, 3>(pr, ld, v + c, v_stride, n, o, D); break;
+        case 2: values_tile<Vec, TR, 2>(pr, ld, v + c, v_stride, n, o, D); break;
+        default: values_tile<Vec, TR, 1>(pr, ld, v + c, v_stride, n, o, D); break;
+      }
+    }
 }
 
 }  // namespace
@@ -255,12 +307,15 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
   const float* v = position_bias.data_ptr<float>();
   const bool* mask_data = mask.data_ptr<bool>();
   float* output_data = output.data_ptr<float>();
-  const int64_t ld = (K + 2 * KEYS + 7) / 8 * 8;  // columns of the transposed keys: room for the last tiles' reads
+  // Columns of the transposed keys and of the score and position buffers: room for the last tiles' reads and writes
+  // (a tile of KEYS past a row's visible keys, and a shift of up to GR - 1 within a group of rows).
+  const int64_t ld = (K + 3 * KEYS + 15) / 16 * 16;
   const int64_t value_stride = value.stride(2), mask_stride = mask.stride(2);
   const float scale = static_cast<float>(scaling), lowest = -FLT_MAX;
 
   at::parallel_for(0, B * H, tasks_per_chunk(Q * K * D), [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * ld), rt(D * ld), scores(ROWS * ld), cq(ROWS * D), pq(ROWS * D), out(ROWS * D);
+    std::vector<float> kt(D * ld), rt(D * ld), scores(ROWS * ld), position(ROWS * ld), cq(ROWS * D), pq(ROWS * D);
+    std::vector<float> out(ROWS * D);
     std::vector<float> row_sum(ROWS);
     std::vector<char> all_hidden(ROWS);
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -287,7 +342,7 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
           rt[d * ld + j] = r_h[j * rel_key.stride(1) + d];
         }
       for (int64_t start = 0; start < Q; start += ROWS) {
-        const int64_t rows = std::min(ROWS, Q - start), block_rows = (rows + TR - 1) / TR * TR;  // whole tiles
+        const int64_t rows = std::min(ROWS, Q - start), block_rows = (rows + GR - 1) / GR * GR;  // whole tiles
         auto query_of = [&](int64_t r) { return start + std::min(r, rows - 1); };  // padding rows repeat the last
         auto visible_of = [&](int64_t r) { return std::min(K, M + query_of(r) + 1); };
         const int64_t block_visible = visible_of(block_rows - 1);  // the keys the block's last query sees
@@ -298,18 +353,28 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
             pq[r * D + d] = (q_i[d] + v[h * D + d]) * scale;
           }
         }
-        // Scores, a tile of keys at a time for all the block's rows (the tile's keys stay in L1 across rows).
-        for (int64_t j = 0; j < block_visible; j += KEYS)
-          for (int64_t r = 0; r < block_rows; r += TR) {
-            if (j >= visible_of(r + TR - 1)) continue;
-            int64_t off[TR];
-            float* rows_out[TR];
-            for (int t = 0; t < TR; ++t) {
-              off[t] = Q - 1 - query_of(r + t);
-              rows_out[t] = &scores[(r + t) * ld];
-            }
-            scores_tile(&cq[r * D], &pq[r * D], D, kt.data(), rt.data(), ld, j, off, rows_out);
+        // Scores, a group of GR rows at a time. Query i's position score for key j is pq_i . rt[:, j + off_i], with
+        // off_i = Q - 1 - i: within a group the offsets are `base` (its last row's) + 0..GR-1, so one product of the
+        // group's rows with the columns from `base` (as many as its last row sees keys: every row's visible columns
+        // end at K) holds them all, shifted per row. Then the content product, adding each row's shifted slice.
+        for (int64_t r = 0; r < block_rows; r += GR) {
+          const int64_t base = Q - 1 - query_of(r + GR - 1), visible = visible_of(r + GR - 1);
+          float* position_rows[GR];
+          float* score_rows[GR];
+          const float* shifted[GR];
+          for (int t = 0; t < GR; ++t) position_rows[t] = &position[(r + t) * ld];
+          for (int64_t c = 0; c < visible; c += KEYS) {
+            product_tile<GR>(&pq[r * D], D, rt.data(), ld, base + c, position_rows, nullptr);
+            for (int t = 0; t < GR; ++t) position_rows[t] += KEYS;
           }
+          for (int64_t j = 0; j < visible; j += KEYS) {
+            for (int t = 0; t < GR; ++t) {
+              score_rows[t] = &scores[(r + t) * ld + j];
+              shifted[t] = &position[(r + t) * ld + j + (Q - 1 - query_of(r + t)) - base];
+            }
+            product_tile<GR>(&cq[r * D], D, kt.data(), ld, j, score_rows, shifted);
+          }
+        }
         // The mask and the softmax (not normalised: the output is divided by the row's sum at the end).
         for (int64_t r = 0; r < block_rows; ++r) {
           const int64_t visible = visible_of(r);
@@ -342,18 +407,7 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
         std::fill(out.begin(), out.end(), 0.0f);
         for (int64_t j = 0; j < value_keys; j += PV_KEYS) {
           const int64_t n = std::min(PV_KEYS, value_keys - j);
-          const float* v_j = v_bh + j * value_stride;
-          for (int64_t r = 0; r < block_rows; r += TR)
-            for (int64_t c = 0; c < D; c += 4 * Vec::W) {
-              const float* p = &scores[r * ld] + j;
-              float* o = &out[r * D + c];
-              switch (std::min<int64_t>(4, (D - c) / Vec::W)) {
-                case 4: values_tile<4>(p, ld, v_j + c, value_stride, n, o, D); break;
-                case 3: values_tile<3>(p, ld, v_j + c, value_stride, n, o, D); break;
-                case 2: values_tile<2>(p, ld, v_j + c, value_stride, n, o, D); break;
-                default: values_tile<1>(p, ld, v_j + c, value_stride, n, o, D); break;
-              }
-            }
+          values_block(&scores[j], ld, v_bh + j * value_stride, value_stride, n, out.data(), D, block_rows);
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float inverse = 1.0f / row_sum[r];
