@@ -136,6 +136,28 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));  // y 2^n
 }
 
+#if defined(__AVX512F__)
+inline __m256 upper_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+// exp_nonpositive on sixteen floats (the same polynomial).
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);  // (as above: a NaN stays)
+  __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
+}
+#endif
+
 inline float horizontal_max(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -148,10 +170,27 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
+// y[0:n) = x[0:n) * factor.
+inline void scale_row(const float* x, float factor, int64_t n, float* y) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 wide = _mm512_set1_ps(factor);
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), wide));
+#endif
+  const __m256 f = _mm256_set1_ps(factor);
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), f));
+  for (; j < n; ++j) y[j] = x[j] * factor;
+}
+
 // The largest of s[0:n) (-FLT_MAX for n = 0).
 inline float row_maximum(const float* s, int64_t n) {
   __m256 running = _mm256_set1_ps(-FLT_MAX);
   int64_t j = 0;
+#if defined(__AVX512F__)
+  __m512 wide = _mm512_set1_ps(-FLT_MAX);
+  for (; j + 16 <= n; j += 16) wide = _mm512_max_ps(wide, _mm512_loadu_ps(s + j));
+  running = _mm256_max_ps(_mm512_castps512_ps256(wide), upper_half(wide));
+#endif
   for (; j + 8 <= n; j += 8) running = _mm256_max_ps(running, _mm256_loadu_ps(s + j));
   float maximum = horizontal_max(running);
   for (; j < n; ++j) maximum = std::max(maximum, s[j]);
@@ -163,6 +202,16 @@ inline float exponentiate(float* s, int64_t n, float maximum) {
   const __m256 max_vector = _mm256_set1_ps(maximum);
   __m256 sum_vector = _mm256_setzero_ps();
   int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 wide_max = _mm512_set1_ps(maximum);
+  __m512 wide_sum = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), wide_max));
+    _mm512_storeu_ps(s + j, e);
+    wide_sum = _mm512_add_ps(wide_sum, e);
+  }
+  sum_vector = _mm256_add_ps(_mm512_castps512_ps256(wide_sum), upper_half(wide_sum));
+#endif
   for (; j + 8 <= n; j += 8) {
     const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector));
     _mm256_storeu_ps(s + j, e);
@@ -417,7 +466,7 @@ at::Tensor attention_forward(const at::Tensor& query, const at::Tensor& key, con
             float* p = probs_data + ((h * B + b) * Q + start + r) * K;
             const float* e = &scores[r * ld];
             const int64_t n = all_hidden[r] ? K : visible_of(r);
-            for (int64_t j = 0; j < n; ++j) p[j] = e[j] * inverse;
+            scale_row(e, inverse, n, p);
             std::fill(p + n, p + K, 0.0f);
           }
         }
