@@ -45,9 +45,16 @@ def test_tiny_run_writes_every_measure(tiny_run: Path) -> None:
     assert all(positive_finite(loss) for loss in train[0]["losses"])
     assert evaluation[0]["memory_length"] == 512  # timed with a full memory
     assert train[0]["peak_rss_mb"] >= train[0]["loaded_rss_mb"] > 0
-    assert results["matmul_gflops"]["ceiling"] == max(
-        *results["matmul_gflops"]["before"].values(), *results["matmul_gflops"]["after"].values()
-    )
+    # Each worker measures the rate before and after its timed steps; a run's fraction is against the better of the
+    # two, the summary's is the median of the runs', and the best rate seen anywhere is the conservative ceiling.
+    matmul = results["matmul_gflops"]
+    assert len(matmul["workers"]) == 4 and all(positive_finite(rate) for rate in matmul["workers"])
+    assert matmul["ceiling"] == max(*matmul["before"].values(), *matmul["after"].values(), *matmul["workers"])
+    for run in (train[0], evaluation[0]):
+        assert run["fraction_of_matmul"] == pytest.approx(run["gflops"] / max(run["matmul_gflops"]))
+    assert summary["train_fraction_of_matmul"] == train[0]["fraction_of_matmul"]
+    assert summary["train_fraction_of_best_matmul"] == pytest.approx(train[0]["gflops"] / matmul["ceiling"])
+    assert summary["train_fraction_of_best_matmul"] <= summary["train_fraction_of_matmul"]
     assert results["machine"]["cores"] >= 1 and results["machine"]["transformers_v4"] is None
 
     table = (tiny_run / "speed.md").read_text()

@@ -203,7 +203,8 @@ def goals(decode: Mapping[str, Any] | None) -> list[Goal]:
                 "percent",
                 target=0.6,
                 at_least=True,
-                note="model FLOPs (flops_per_token) x tokens/s",
+                note="model FLOPs (flops_per_token) x tokens/s, each run against the matmul rate its worker measured "
+                "beside it (median of runs)",
             )
         )
         rows.append(
