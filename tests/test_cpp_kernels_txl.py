@@ -619,3 +619,16 @@ def test_turned_off_by_the_environment_nothing_is_built(fresh_builds, monkeypatc
     assert not cpp_kernels_txl.supported_here()
     assert cpp_kernels_txl.compiled_operators() is None
     assert not os.path.exists(fresh_builds)
+
+
+def test_compiled_training_attention_backpropagates_an_expanded_gradient(kernel):
+    """The gradient of a sum arrives expanded (stride 0 in every dimension); the score gradient's kernel reads rows
+    with a contiguous last dimension, so backward gives it a contiguous copy: the gradients equal the torch path's."""
+    leaves = [tensor.detach().requires_grad_() for tensor in _attention_inputs(2, 3, 21, 7, head_dim=16)]
+    mask = _mask("causal", 2, 21, 7, max_mem_len=7)
+    grads = []
+    for attention in (compiled_relative_attention_training, relative_attention):
+        output = attention(*leaves, mask, scaling=0.25)
+        grads.append(torch.autograd.grad(output.sum(), leaves))
+    for mine, theirs in zip(*grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)

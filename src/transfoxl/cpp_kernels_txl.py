@@ -17,8 +17,16 @@ where r_{M+i-j} = W_{k,R} R at distance M + i - j: with the relative keys transp
 them is column j + Q - 1 - i, so the shift is an offset per query and no score is computed twice (the torch path
 computes a padded product and views it shifted). Decoding (one query per sequence) has its own loop: one call a
 layer for the six of `kernels_txl.one_query_attention`, each key's row read in place. Training takes the same
-forward, which then also writes p (`[H B, Q, K]`, zeros past the keys a query sees) for the torch backward of
-`kernels_txl._relative_attention_backward`. Values equal the readable path's within float32 rounding (tests).
+forward, which then also writes p (`[H B, Q, K]`, zeros past the keys a query sees) for the backward of
+`kernels_txl._relative_attention_backward`, whose score gradient dS = p (dO v^T - dO . o) is one pass of a kernel here
+(`relative_attention_score_grad`), written in the padded layout the position products read; its matrix products
+are torch's. Values equal the readable path's within float32 rounding (tests).
+
+The score products are register-blocked like a matrix product's micro-kernel: a group of 8 query rows (4 with 16
+registers) times two vectors of keys, one broadcast per row and width index. The relative shift makes each row read
+the relative keys at its own offset, so the position scores of a group are one product over the columns from its
+last row's offset, kept in a buffer; the content product then adds each row's shifted slice. Vectors are 16 floats
+where the build has AVX-512, else 8.
 
 Dropout draws its mask from a counter-based stream (splitmix64: word n depends only on the seed and n), so each
 thread draws its own part of the mask in the same pass that multiplies the inputs (and applies the ReLU before the
@@ -84,6 +92,8 @@ struct Vec {
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   friend Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
   friend Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
+  friend Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
+  friend Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
 };
 constexpr int TR = Vec::TR;
 
@@ -100,6 +110,8 @@ struct Vec16 {
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   friend Vec16 fma(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   friend Vec16 operator+(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+  friend Vec16 operator-(Vec16 a, Vec16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  friend Vec16 operator*(Vec16 a, Vec16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 };
 using Wide = Vec16;
 constexpr int GR = 8;
@@ -498,6 +510,125 @@ std::tuple<at::Tensor, at::Tensor> relative_attention_training_forward(
 
 namespace {
 
+// The gradient of R rows' scores for KEYS keys from j: ds[r] = p[r] * (g[r] . vt[:, j + (0, KEYS)] - row_dot[r]),
+// the softmax's backward of dL/dp = g v^T (g: the output's gradient, rows of D; vt: the values transposed [D, ld]).
+template <int R>
+inline void score_grad_tile(const float* const* g, int64_t D, const float* vt, int64_t ld, int64_t j,
+                            const float* const* p, const float* row_dot, float* const* ds) {
+  using V = Wide;
+  V acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
+  for (int64_t d = 0; d < D; ++d) {
+    const float* b = vt + d * ld + j;
+    const V b0 = V::load(b), b1 = V::load(b + V::W);
+    for (int r = 0; r < R; ++r) {
+      const V x = V::bcast(g[r] + d);
+      acc[r][0] = fma(x, b0, acc[r][0]);
+      acc[r][1] = fma(x, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const V dot = V::bcast(row_dot + r);
+    ((acc[r][0] - dot) * V::load(p[r])).store(ds[r]);
+    ((acc[r][1] - dot) * V::load(p[r] + V::W)).store(ds[r] + V::W);
+  }
+}
+
+inline float dot_product(const float* a, const float* b, int64_t n) {
+  __m256 sum = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), sum);
+  float total = horizontal_sum(sum);
+  for (; d < n; ++d) total += a[d] * b[d];
+  return total;
+}
+
+}  // namespace
+
+// The training backward's score gradient, in the layout its position products read (kernels_txl.
+// _relative_attention_backward): grad_output, output [B, Q, H, D] (the forward's output and its gradient); value
+// [B, H, K, D] (any strides, the last dimension contiguous); probs [H B, Q, K] (the forward's). Returns [H, B,
+// (K + 1) Q]: per (head, sequence) Q zeros, then dS [Q, K] with dS[i][j] = p[i][j] (dO_i . v_j - dO_i . o_i), the
+// softmax's backward (sum_j p dL/dp = dO . o, as o = p v). One pass instead of a product into a strided view (one
+// small matrix product per (head, sequence)) and two element-wise passes.
+at::Tensor relative_attention_score_grad(const at::Tensor& grad_output, const at::Tensor& output,
+                                         const at::Tensor& value, const at::Tensor& probs) {
+  for (const at::Tensor* t : {&grad_output, &output, &value, &probs})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->stride(-1) == 1,
+                "relative_attention_score_grad: float32 CPU tensors with a contiguous last dimension expected");
+  TORCH_CHECK(grad_output.dim() == 4 && output.sizes() == grad_output.sizes() && value.dim() == 4 &&
+                  probs.dim() == 3 && probs.is_contiguous(),
+              "relative_attention_score_grad: grad_output, output [B, Q, H, D], value [B, H, K, D], probs [H B, Q, K] "
+              "(contiguous) expected");
+  const int64_t B = grad_output.size(0), Q = grad_output.size(1), H = grad_output.size(2), D = grad_output.size(3);
+  const int64_t K = value.size(2);
+  TORCH_CHECK(value.size(0) == B && value.size(1) == H && value.size(3) == D && D % 8 == 0 &&
+                  probs.size(0) == H * B && probs.size(1) == Q && probs.size(2) == K,
+              "relative_attention_score_grad: mismatched shapes");
+  auto grad = at::empty({H, B, (K + 1) * Q}, probs.options());
+  const float* go_data = grad_output.data_ptr<float>();
+  const float* out_data = output.data_ptr<float>();
+  const float* value_data = value.data_ptr<float>();
+  const float* probs_data = probs.data_ptr<float>();
+  float* grad_data = grad.data_ptr<float>();
+  const int64_t ld = (K + KEYS + 15) / 16 * 16;
+  const int64_t gs0 = grad_output.stride(0), gs1 = grad_output.stride(1), gs2 = grad_output.stride(2);
+  const int64_t os0 = output.stride(0), os1 = output.stride(1), os2 = output.stride(2);
+  const int64_t vs2 = value.stride(2);
+
+  at::parallel_for(0, H * B, tasks_per_chunk(Q * K * D), [&](int64_t begin, int64_t end) {
+    std::vector<float> vt(D * ld), tail_p(GR * KEYS), tail_ds(GR * KEYS), spare(GR * KEYS);
+    for (int64_t hb = begin; hb < end; ++hb) {
+      const int64_t h = hb / B, b = hb % B;  // probs and the result are head-major
+      const float* v_bh = value_data + b * value.stride(0) + h * value.stride(1);
+      for (int64_t d = 0; d < D; ++d) std::fill(&vt[d * ld] + K, &vt[d * ld] + ld, 0.0f);
+      int64_t first = 0;
+      for (; first + 8 <= K; first += 8)
+        for (int64_t d = 0; d < D; d += 8) transpose_8x8(v_bh + first * vs2 + d, vs2, &vt[d * ld + first], ld);
+      for (int64_t j = first; j < K; ++j)
+        for (int64_t d = 0; d < D; ++d) vt[d * ld + j] = v_bh[j * vs2 + d];
+      float* grad_hb = grad_data + hb * (K + 1) * Q;
+      std::fill(grad_hb, grad_hb + Q, 0.0f);
+      float* ds_hb = grad_hb + Q;  // row i at i K
+      const float* p_hb = probs_data + hb * Q * K;
+      for (int64_t i0 = 0; i0 < Q; i0 += GR) {
+        const int64_t rows = std::min<int64_t>(GR, Q - i0);
+        const float* g[GR];
+        float row_dot[GR];
+        for (int t = 0; t < GR; ++t) {
+          const int64_t i = i0 + std::min<int64_t>(t, rows - 1);  // padding rows repeat the last (not stored)
+          g[t] = go_data + b * gs0 + i * gs1 + h * gs2;
+          row_dot[t] = dot_product(g[t], out_data + b * os0 + i * os1 + h * os2, D);
+        }
+        const float* p[GR];
+        float* ds[GR];
+        for (int64_t j = 0; j < K; j += KEYS) {
+          const int64_t n = std::min(KEYS, K - j);
+          for (int t = 0; t < GR; ++t) {
+            const int64_t i = i0 + std::min<int64_t>(t, rows - 1);
+            if (n == KEYS) {
+              p[t] = p_hb + i * K + j;
+              ds[t] = t < rows ? ds_hb + i * K + j : &spare[t * KEYS];
+            } else {  // the last keys: through buffers of a whole tile (the rows are contiguous)
+              std::copy(p_hb + i * K + j, p_hb + i * K + K, &tail_p[t * KEYS]);
+              std::fill(&tail_p[t * KEYS] + n, &tail_p[t * KEYS] + KEYS, 0.0f);
+              p[t] = &tail_p[t * KEYS];
+              ds[t] = &tail_ds[t * KEYS];
+            }
+          }
+          score_grad_tile<GR>(g, D, vt.data(), ld, j, p, row_dot, ds);
+          if (n < KEYS)
+            for (int64_t t = 0; t < rows; ++t)
+              std::copy(&tail_ds[t * KEYS], &tail_ds[t * KEYS] + n, ds_hb + (i0 + t) * K + j);
+        }
+      }
+    }
+  });
+  return grad;
+}
+
+namespace {
+
 // The sums of eight vectors' lanes: [sum(a[0]), ..., sum(a[7])].
 inline __m256 eight_sums(const __m256* a) {
   const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
@@ -715,6 +846,7 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor position_bias, Tensor? mask, float scaling) -> Tensor");
   m.def("relative_attention_training_forward(Tensor query, Tensor key, Tensor value, Tensor rel_key, "
         "Tensor content_bias, Tensor position_bias, Tensor mask, float scaling) -> (Tensor, Tensor)");
+  m.def("relative_attention_score_grad(Tensor grad_output, Tensor output, Tensor value, Tensor probs) -> Tensor");
   m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
   m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");
   m.def("dropout_training_backward(Tensor grad_output, Tensor saved, float scale) -> Tensor");
@@ -723,6 +855,7 @@ TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_inference", &relative_attention_inference);
   m.impl("relative_attention_one_query", &relative_attention_one_query);
   m.impl("relative_attention_training_forward", &relative_attention_training_forward);
+  m.impl("relative_attention_score_grad", &relative_attention_score_grad);
   m.impl("dropout_training_forward", &dropout_training_forward);
   m.impl("relu_dropout_training_forward", &relu_dropout_training_forward);
   m.impl("dropout_training_backward", &dropout_training_backward);
@@ -818,6 +951,7 @@ OPERATORS = (
     "relative_attention_inference",
     "relative_attention_one_query",
     "relative_attention_training_forward",
+    "relative_attention_score_grad",
     "dropout_training_forward",
     "relu_dropout_training_forward",
     "dropout_training_backward",

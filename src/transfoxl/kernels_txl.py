@@ -178,22 +178,26 @@ def _relative_attention_backward(
     probs: torch.Tensor,  # [H B, Q, K]
     output: torch.Tensor,  # [B, Q, H, D]
     scaling: float,
+    grad_padded: torch.Tensor | None = None,  # [H, B, (K + 1) Q], the score gradient where already computed
 ) -> tuple[torch.Tensor, ...]:
     """The gradients of the training kernels' relative attention: of content_query `[H B, Q, D]`, of the scaled
-    position query `[H, B Q, D]`, of key and value `[H B, K, D]` and of padded_rel_key `[H, K + 1, D]`."""
+    position query `[H, B Q, D]`, of key and value `[H B, K, D]` and of padded_rel_key `[H, K + 1, D]`. `value` is
+    read only to compute the score gradient, which the compiled kernel may give instead (`grad_padded`)."""
     batch_heads, q_len, k_len = probs.shape
     heads, head_dim = padded_rel_key.shape[0], key.shape[2]
     batch = batch_heads // heads
-    row_dot = torch.linalg.vecdot(grad_output, output)  # [B, Q, H]: per query, sum_k dL/dp * p
-    row_dot = row_dot.permute(2, 0, 1).reshape(batch_heads, q_len)  # [H B, Q]
-    grad_output = grad_output.permute(2, 0, 1, 3).reshape(batch_heads, q_len, head_dim)  # [H B, Q, D]
-    grad_value = torch.bmm(probs.transpose(1, 2), grad_output)  # [H B, K, D]
+    grad_by_head = grad_output.permute(2, 0, 1, 3).reshape(batch_heads, q_len, head_dim)  # [H B, Q, D]
+    grad_value = torch.bmm(probs.transpose(1, 2), grad_by_head)  # [H B, K, D]
     # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
-    grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
-    grad_padded[:, :, :q_len].zero_()
-    grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
-    grad_scores.baddbmm_(grad_output, value.transpose(1, 2), beta=0.0)  # d loss / d probs
-    grad_scores.sub_(row_dot[..., None]).mul_(probs)  # the softmax backward, in place
+    if grad_padded is None:
+        row_dot = torch.linalg.vecdot(grad_output, output)  # [B, Q, H]: per query, sum_k dL/dp * p
+        row_dot = row_dot.permute(2, 0, 1).reshape(batch_heads, q_len)  # [H B, Q]
+        grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
+        grad_padded[:, :, :q_len].zero_()
+        grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)  # a strided view
+        grad_scores.baddbmm_(grad_by_head, value.transpose(1, 2), beta=0.0)  # d loss / d probs
+        grad_scores.sub_(row_dot[..., None]).mul_(probs)  # the softmax backward, in place
+    grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)
     grad_content_query = torch.bmm(grad_scores, key).mul_(scaling)
     grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(scaling)
     position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(scaling)
@@ -410,8 +414,9 @@ def _compact(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 class _CompiledRelativeAttentionFunction(torch.autograd.Function):
     """`relative_attention` with the compiled kernel's forward (`cpp_kernels_txl`: only the keys each query sees,
-    no score tensor but the probabilities it writes for backward) and `_RelativeAttentionFunction`'s backward. The
-    head-major copies that backward reads are made there, from the inputs' views."""
+    no score tensor but the probabilities it writes for backward) and `_RelativeAttentionFunction`'s backward, whose
+    score gradient the kernel computes in one pass (`relative_attention_score_grad`). The head-major copies that
+    backward reads are made there, from the inputs' views."""
 
     @staticmethod
     def forward(
@@ -438,10 +443,14 @@ class _CompiledRelativeAttentionFunction(torch.autograd.Function):
         batch, heads, q_len, head_dim = query.shape
         k_len = key.shape[2]
         content_query = (query.transpose(0, 1) + content_bias[:, None, None]).reshape(heads * batch, q_len, head_dim)
-        by_head = [tensor.transpose(0, 1).reshape(heads * batch, k_len, head_dim) for tensor in (key, value)]
+        key = key.transpose(0, 1).reshape(heads * batch, k_len, head_dim)
         padded_rel_key, bias_shift = pad_relative_keys(rel_key), position_bias - content_bias
+        # The score gradient in one pass of the kernel (which reads the values where they are). The kernel reads
+        # rows with a contiguous last dimension: not an expanded gradient (that of a sum).
+        grad_output = grad_output if grad_output.stride(-1) == 1 else grad_output.contiguous()
+        grad_padded = compiled_operators().relative_attention_score_grad(grad_output, output, value, probs)
         grads = _relative_attention_backward(
-            grad_output, content_query, *by_head, padded_rel_key, bias_shift, probs, output, ctx.scaling
+            grad_output, content_query, key, None, padded_rel_key, bias_shift, probs, output, ctx.scaling, grad_padded
         )
         grad_content_query, grad_position_query, grad_key, grad_value, grad_padded_rel_key = grads
         grad_content_query = grad_content_query.view(heads, batch, q_len, head_dim)
