@@ -172,7 +172,7 @@ def _relative_attention_backward(
     grad_output: torch.Tensor,  # [B, Q, H, D]
     content_query: torch.Tensor,  # [H B, Q, D], q + u
     key: torch.Tensor,  # [H B, K, D]
-    value: torch.Tensor,  # [H B, K, D]
+    value: torch.Tensor | None,  # [H B, K, D]; None with grad_padded
     padded_rel_key: torch.Tensor,  # [H, K + 1, D]
     bias_shift: torch.Tensor,  # [H, D], v - u
     probs: torch.Tensor,  # [H B, Q, K]
@@ -190,6 +190,7 @@ def _relative_attention_backward(
     grad_value = torch.bmm(probs.transpose(1, 2), grad_by_head)  # [H B, K, D]
     # The positional scores were a shifted view of a padded buffer: their gradient is computed in that layout.
     if grad_padded is None:
+        assert value is not None, "the score gradient needs the values"
         row_dot = torch.linalg.vecdot(grad_output, output)  # [B, Q, H]: per query, sum_k dL/dp * p
         row_dot = row_dot.permute(2, 0, 1).reshape(batch_heads, q_len)  # [H B, Q]
         grad_padded = torch.empty(heads, batch, (k_len + 1) * q_len, dtype=probs.dtype, device=probs.device)
