@@ -13,6 +13,7 @@ from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_lm
 from tools.configs import model_config
 from transfoxl import TxlConfig, TxlForCausalLM, kernels_txl
+from transfoxl.cpp_kernels_txl import compiled_operators
 from transfoxl.kernels_txl import dropout as kernel_dropout
 from transfoxl.kernels_txl import (
     float_mask,
@@ -793,6 +794,23 @@ def test_one_row_linear_equals_f_linear(out_features, bias):
         torch.testing.assert_close(output, expected, rtol=0, atol=1e-6)
     transposed = torch.randn(9, out_features).t()
     torch.testing.assert_close(one_row_linear(inputs, transposed), F.linear(inputs, transposed), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), [(13, 100), (4096, 1024), (1, 33)])
+def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features):
+    """The compiled matrix-vector kernel (each thread streaming its rows, four at a time, then one at a time; the
+    inputs in vectors, then a tail): F.linear within float32 rounding, with a bias and without."""
+    operators = compiled_operators()
+    if operators is None:
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
+    generator = torch.Generator().manual_seed(in_features)
+    weight, bias = torch.randn(out_features, in_features, generator=generator), torch.randn(out_features)
+    inputs = torch.randn(1, 1, in_features, generator=generator)
+    for bias_tensor in (bias, None):
+        expected = F.linear(inputs, weight, bias_tensor)
+        output = one_row_linear(inputs, weight, bias_tensor)
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=2e-4)
+        assert torch.equal(operators.row_linear(inputs.view(-1), weight, bias_tensor), output.view(-1))  # it ran
 
 
 def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logits(monkeypatch):

@@ -94,6 +94,7 @@ struct Vec {
   friend Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
   friend Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
   friend Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  float sum() const;  // (below: horizontal_sum)
 };
 constexpr int TR = Vec::TR;
 
@@ -112,6 +113,7 @@ struct Vec16 {
   friend Vec16 operator+(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
   friend Vec16 operator-(Vec16 a, Vec16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
   friend Vec16 operator*(Vec16 a, Vec16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  float sum() const { return _mm512_reduce_add_ps(v); }
 };
 using Wide = Vec16;
 constexpr int GR = 8;
@@ -193,6 +195,8 @@ inline void scale_row(const float* x, float factor, int64_t n, float* y) {
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), f));
   for (; j < n; ++j) y[j] = x[j] * factor;
 }
+
+inline float Vec::sum() const { return horizontal_sum(v); }
 
 // The largest of s[0:n) (-FLT_MAX for n = 0).
 inline float row_maximum(const float* s, int64_t n) {
@@ -729,6 +733,63 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
   return output;
 }
 
+// A linear layer for one row (decoding at batch 1): output[o] = weight[o] . input (+ bias[o]) for a row-major weight
+// [out, in]. Bound by reading the weight: each thread streams a contiguous range of its rows, four at a time (eight
+// independent sums), the row of inputs staying in L1. BLAS's matrix-vector product reads such a weight at half the
+// memory's rate on some CPUs and near it on others (docs/performance.md); this reads it the same way everywhere.
+at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu() && input.scalar_type() == at::kFloat &&
+                  weight.scalar_type() == at::kFloat && input.is_contiguous() && weight.is_contiguous() &&
+                  weight.dim() == 2 && input.numel() == weight.size(1),
+              "row_linear: a contiguous float32 CPU row of `in` inputs and weight [out, in] expected");
+  const bool with_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!with_bias || (bias->device().is_cpu() && bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                             bias->numel() == weight.size(0)),
+              "row_linear: a contiguous float32 CPU bias of `out` values expected");
+  using V = Wide;
+  const int64_t O = weight.size(0), I = weight.size(1);
+  auto output = at::empty({O}, input.options());
+  const float* x = input.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  const float* b = with_bias ? bias->data_ptr<float>() : nullptr;
+  float* y = output.data_ptr<float>();
+  constexpr int R = 4;
+  auto row_dot = [&](const float* row) {  // one row (the remainder of a thread's range)
+    V a0 = V::zero(), a1 = V::zero();
+    int64_t i = 0;
+    for (; i + 2 * V::W <= I; i += 2 * V::W) {
+      a0 = fma(V::load(row + i), V::load(x + i), a0);
+      a1 = fma(V::load(row + i + V::W), V::load(x + i + V::W), a1);
+    }
+    float sum = (a0 + a1).sum();
+    for (; i < I; ++i) sum += row[i] * x[i];
+    return sum;
+  };
+  at::parallel_for(0, O, std::max<int64_t>(R, 32768 / std::max<int64_t>(1, I)), [&](int64_t begin, int64_t end) {
+    int64_t o = begin;
+    for (; o + R <= end; o += R) {
+      V acc[R][2];
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
+      const float* rows = w + o * I;
+      int64_t i = 0;
+      for (; i + 2 * V::W <= I; i += 2 * V::W) {
+        const V x0 = V::load(x + i), x1 = V::load(x + i + V::W);
+        for (int r = 0; r < R; ++r) {
+          acc[r][0] = fma(V::load(rows + r * I + i), x0, acc[r][0]);
+          acc[r][1] = fma(V::load(rows + r * I + i + V::W), x1, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        float sum = (acc[r][0] + acc[r][1]).sum();
+        for (int64_t t = i; t < I; ++t) sum += rows[r * I + t] * x[t];
+        y[o + r] = b == nullptr ? sum : sum + b[o + r];
+      }
+    }
+    for (; o < end; ++o) y[o] = b == nullptr ? row_dot(w + o * I) : row_dot(w + o * I) + b[o];
+  });
+  return output;
+}
+
 // Dropout on a counter-based random stream. Entry i of the mask drawn with `seed` keeps its input where its 16 bits
 // of word i / 4 of the stream (bits 16 (i % 4) and up, read as int16: torch's view of the words as int16 on a
 // little-endian machine) are >= `threshold`, with word n = splitmix64's n-th output from `seed`. A word depends on
@@ -847,6 +908,7 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
   m.def("relative_attention_training_forward(Tensor query, Tensor key, Tensor value, Tensor rel_key, "
         "Tensor content_bias, Tensor position_bias, Tensor mask, float scaling) -> (Tensor, Tensor)");
   m.def("relative_attention_score_grad(Tensor grad_output, Tensor output, Tensor value, Tensor probs) -> Tensor");
+  m.def("row_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
   m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
   m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");
   m.def("dropout_training_backward(Tensor grad_output, Tensor saved, float scale) -> Tensor");
@@ -856,6 +918,7 @@ TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_one_query", &relative_attention_one_query);
   m.impl("relative_attention_training_forward", &relative_attention_training_forward);
   m.impl("relative_attention_score_grad", &relative_attention_score_grad);
+  m.impl("row_linear", &row_linear);
   m.impl("dropout_training_forward", &dropout_training_forward);
   m.impl("relu_dropout_training_forward", &relu_dropout_training_forward);
   m.impl("dropout_training_backward", &dropout_training_backward);
@@ -952,6 +1015,7 @@ OPERATORS = (
     "relative_attention_one_query",
     "relative_attention_training_forward",
     "relative_attention_score_grad",
+    "row_linear",
     "dropout_training_forward",
     "relu_dropout_training_forward",
     "dropout_training_backward",

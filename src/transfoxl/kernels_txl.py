@@ -514,13 +514,26 @@ def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """`F.linear(inputs, weight, bias)` for one row (decoding a token at batch 1): `[..., in]` with one row in all ->
     `[..., out]`.
 
-    A product with one row is a matrix-vector product, bound by reading the weight. On a CPU, BLAS reads a row-major
-    weight for one row of inputs at a lower rate than it reads it as two halves, each multiplied by the row as a
-    column in a batched product (one half per thread, each a plain matrix-vector product); docs/performance.md has
-    the rates. Falls back to `F.linear` when the rows do not split in two or the weight is not row-major.
+    A product with one row is a matrix-vector product, bound by reading the weight, which BLAS reads at rates that
+    differ from CPU to CPU: on some near the memory's rate, on others at half of it, or at half of the rate at which
+    it reads the weight as two halves, each multiplied by the row as a column in a batched product (one half per
+    thread); docs/performance.md has the rates. A float32 weight goes through the compiled kernel where it is built
+    (each thread streams its own rows: the memory's rate on both kinds); elsewhere the two halves. Falls back to
+    `F.linear` when the rows do not split in two or the weight is not row-major.
     """
     out_features, in_features = weight.shape
-    if out_features % 2 != 0 or not weight.is_contiguous():
+    if not weight.is_contiguous():
+        return F.linear(inputs, weight, bias)
+    if (
+        inputs.dtype == weight.dtype == torch.float32
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and not torch.jit.is_tracing()  # (a traced graph holds portable operators)
+        and (operators := compiled_operators()) is not None
+    ):
+        row = inputs.reshape(in_features)  # one row: a view, or a copy of `in` floats when strided
+        output = operators.row_linear(row if row.is_contiguous() else row.contiguous(), weight, bias)
+        return output.view(*inputs.shape[:-1], out_features)
+    if out_features % 2 != 0:
         return F.linear(inputs, weight, bias)
     halves = weight.view(2, out_features // 2, in_features)
     # The row as a column for both halves, strides (0, 1, in): what BLAS reads without a copy; one view, not three
