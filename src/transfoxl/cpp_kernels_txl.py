@@ -754,17 +754,6 @@ at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const s
   const float* b = with_bias ? bias->data_ptr<float>() : nullptr;
   float* y = output.data_ptr<float>();
   constexpr int R = 4;
-  auto row_dot = [&](const float* row) {  // one row (the remainder of a thread's range)
-    V a0 = V::zero(), a1 = V::zero();
-    int64_t i = 0;
-    for (; i + 2 * V::W <= I; i += 2 * V::W) {
-      a0 = fma(V::load(row + i), V::load(x + i), a0);
-      a1 = fma(V::load(row + i + V::W), V::load(x + i + V::W), a1);
-    }
-    float sum = (a0 + a1).sum();
-    for (; i < I; ++i) sum += row[i] * x[i];
-    return sum;
-  };
   at::parallel_for(0, O, std::max<int64_t>(R, 32768 / std::max<int64_t>(1, I)), [&](int64_t begin, int64_t end) {
     int64_t o = begin;
     for (; o + R <= end; o += R) {
@@ -785,7 +774,10 @@ at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const s
         y[o + r] = b == nullptr ? sum : sum + b[o + r];
       }
     }
-    for (; o < end; ++o) y[o] = b == nullptr ? row_dot(w + o * I) : row_dot(w + o * I) + b[o];
+    for (; o < end; ++o) {  // the remainder of the thread's rows, one at a time
+      const float sum = dot_product(w + o * I, x, I);
+      y[o] = b == nullptr ? sum : sum + b[o];
+    }
   });
   return output;
 }

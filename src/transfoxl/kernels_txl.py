@@ -530,8 +530,8 @@ def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         and not torch.jit.is_tracing()  # (a traced graph holds portable operators)
         and (operators := compiled_operators()) is not None
     ):
-        row = inputs.reshape(in_features)  # one row: a view, or a copy of `in` floats when strided
-        output = operators.row_linear(row if row.is_contiguous() else row.contiguous(), weight, bias)
+        row = inputs.reshape(in_features).contiguous()  # one row: a view, or a copy of `in` floats when strided
+        output = operators.row_linear(row, weight, bias)
         return output.view(*inputs.shape[:-1], out_features)
     if out_features % 2 != 0:
         return F.linear(inputs, weight, bias)
