@@ -38,8 +38,9 @@ an empty memory (transfoxl's default), in a fresh worker process (so that its pe
 - the decode step against the **bandwidth floor**: the bytes one step must read (`step_bytes`: every weight the step's
   products use, i.e. all parameters but the input embedding's own tables (one row is looked up; tied tables are read
   by the softmax anyway), the memory's keys and values, and the sinusoid table R of the K distances once), divided by
-  the best bandwidth a large fp32 matrix-vector product (`torch.mv`, or the matrix as two halves in one batched
-  product, the form the model uses; both over 256 MB) reaches in the same worker; and each run against the floor
+  the best bandwidth a large fp32 matrix-vector product (`torch.mv`, the matrix as two halves in one batched
+  product, or the compiled kernel's `row_linear`, the form the model uses where it is built; all over 256 MB)
+  reaches in the same worker; and each run against the floor
   at the bandwidth measured just before it (the goal's row: the median of those ratios, as the host's other work
   moves the bandwidth from run to run);
 - peak RSS of the worker (the model, the prefill and the decode steps; the rate measurements' buffers excluded: the
@@ -256,10 +257,13 @@ def matmul_rates(shapes: Sequence[tuple[int, int, int]], repeats: int) -> dict[s
 
 def mv_bandwidths(shapes: Sequence[tuple[int, int]], repeats: int) -> dict[str, float]:
     """GB/s (1e9 bytes/s) at which an fp32 matrix-vector product reads a `[rows, cols]` matrix: median of `repeats`,
-    for `torch.mv` and for the matrix as two halves in one batched product (`transfoxl.kernels_txl.one_row_linear`'s
-    form, which reads faster on the project's CPU): the floor is the best of them, so that the model's own way of
-    reading cannot beat it."""
-    rates = {}
+    for `torch.mv`, for the matrix as two halves in one batched product (`transfoxl.kernels_txl.one_row_linear`'s
+    form without the compiled kernel, which BLAS reads faster on some CPUs) and for the compiled kernel's
+    `row_linear` where it is built: the floor is the best of them, so that the model's own way of reading cannot
+    beat it."""
+    from transfoxl.cpp_kernels_txl import compiled_operators
+
+    operators, rates = compiled_operators(), {}
     for rows, cols in shapes:
         matrix, vector, out = torch.randn(rows, cols), torch.randn(cols), torch.empty(rows)
         seconds = time_repeated(functools.partial(torch.mv, matrix, vector, out=out), repeats)
@@ -269,6 +273,9 @@ def mv_bandwidths(shapes: Sequence[tuple[int, int]], repeats: int) -> dict[str, 
         halves_out = torch.empty(2, rows // 2, 1)
         seconds = time_repeated(functools.partial(torch.bmm, halves, column, out=halves_out), repeats)
         rates[f"halves [{rows}, {cols}]"] = matrix.numel() * matrix.element_size() / seconds / 1e9
+        if operators is not None:
+            seconds = time_repeated(functools.partial(operators.row_linear, vector, matrix, None), repeats)
+            rates[f"row_linear [{rows}, {cols}]"] = matrix.numel() * matrix.element_size() / seconds / 1e9
     return rates
 
 

@@ -538,6 +538,61 @@ inline void score_grad_tile(const float* const* g, int64_t D, const float* vt, i
   }
 }
 
+// Asks for the cache lines of `count` floats from `row` (an address past the tensor's end is harmless: a prefetch
+// never faults). Streams of rows read once (decoding's weights, keys and values) run faster with their next rows
+// asked for ahead of use than with the hardware prefetcher alone (docs/performance.md).
+inline void prefetch_row(const float* row, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t line = 0; line < count * 4; line += 64) _mm_prefetch(bytes + line, _MM_HINT_T0);
+}
+constexpr int64_t kRowsAhead = 16;  // decoding's keys and values: rows asked for ahead of use
+
+#if defined(__AVX512F__)
+// Short rows (the adaptive softmax's tail clusters: 16 or 64 inputs): four rows per step spend more on their four
+// horizontal sums than on reading them. Sixteen rows at a time instead, one accumulator each, whose sums a
+// transposition tree gathers into one vector of the sixteen outputs. Rows [begin, end) of y = w x + b, sixteen at a
+// time; returns the first row it did not compute (the caller does the rest).
+constexpr int64_t kShortRow = 128, kShortRowsAhead = 512;  // (floats: the blocks 2 KB ahead)
+
+inline int64_t short_rows_linear(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
+                                 int64_t end) {
+  const int64_t chunks = (I + 15) / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (I - 16 * (chunks - 1))) - 1u);
+  __m512 xs[kShortRow / 16];
+  for (int64_t c = 0; c < chunks; ++c) xs[c] = _mm512_maskz_loadu_ps(c + 1 < chunks ? 0xFFFF : tail, x + 16 * c);
+  int64_t o = begin;
+  for (; o + 16 <= end; o += 16) {
+    const float* rows = w + o * I;
+    prefetch_row(rows + kShortRowsAhead, 16 * I);
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask16 m = c + 1 < chunks ? 0xFFFF : tail;
+      for (int r = 0; r < 16; ++r)
+        acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, rows + r * I + 16 * c), xs[c], acc[r]);
+    }
+    // Pairs of rows, then fours: in each 128-bit lane, the partial sums of rows 4k..4k+3 over that lane's inputs.
+    __m512 pairs[8], fours[4];
+    for (int k = 0; k < 8; ++k)
+      pairs[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                               _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+    for (int k = 0; k < 4; ++k) {
+      const __m512d a = _mm512_castps_pd(pairs[2 * k]), c = _mm512_castps_pd(pairs[2 * k + 1]);
+      fours[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)));
+    }
+    // Then across the four lanes: lanes (0 + 1, 2 + 3) of two fours side by side, twice.
+    const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(fours[0], fours[1], 0x88),
+                                     _mm512_shuffle_f32x4(fours[0], fours[1], 0xDD));
+    const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(fours[2], fours[3], 0x88),
+                                      _mm512_shuffle_f32x4(fours[2], fours[3], 0xDD));
+    __m512 sums = _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+    if (b != nullptr) sums = _mm512_add_ps(sums, _mm512_loadu_ps(b + o));
+    _mm512_storeu_ps(y + o, sums);
+  }
+  return o;
+}
+#endif
+
 inline float dot_product(const float* a, const float* b, int64_t n) {
   __m256 sum = _mm256_setzero_ps();
   int64_t d = 0;
@@ -693,6 +748,10 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
       // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end)
       int64_t j = 0;
       for (; j + 8 <= K; j += 8) {
+        for (int t = 0; t < 8; ++t) {
+          prefetch_row(k_bh + (j + kRowsAhead + t) * key_stride, D);
+          prefetch_row(r_h + (j + kRowsAhead + t) * rel_stride, D);
+        }
         __m256 acc[8];
         for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) {
@@ -722,6 +781,7 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
         const int chunks = static_cast<int>(std::min<int64_t>(4, (D - c) / 8));
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (j = 0; j < K; ++j) {
+          if (c == 0) prefetch_row(v_bh + (j + kRowsAhead) * value_stride, D);
           const __m256 p = _mm256_broadcast_ss(&scores[j]);
           const float* row = v_bh + j * value_stride + c;
           for (int t = 0; t < chunks; ++t) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * t), acc[t]);
@@ -756,6 +816,9 @@ at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const s
   constexpr int R = 4;
   at::parallel_for(0, O, std::max<int64_t>(R, 32768 / std::max<int64_t>(1, I)), [&](int64_t begin, int64_t end) {
     int64_t o = begin;
+#if defined(__AVX512F__)
+    if (I <= kShortRow) o = short_rows_linear(w, x, b, y, I, begin, end);
+#endif
     for (; o + R <= end; o += R) {
       V acc[R][2];
       for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
@@ -992,13 +1055,14 @@ def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:
 
 
 def _build_key() -> str:
-    """Names a build: the source, torch's version, the compiler asked for and every flag given to it."""
-    return _build_key_for(tuple(_compiler()), torch.backends.cpu.get_cpu_capability())
+    """Names a build: the source, torch's version, the compiler asked for and every flag given to it. (Asked for by
+    every kernel call, a few hundred per decoded token: only the environment is read each time.)"""
+    return _build_key_for(os.environ.get("CXX") or "", torch.backends.cpu.get_cpu_capability())
 
 
 @functools.cache
-def _build_key_for(compiler: tuple[str, ...], capability: str) -> str:
-    parts = [SOURCE, torch.__version__, *compiler, *_compile_flags(capability)]
+def _build_key_for(cxx: str, capability: str) -> str:
+    parts = [SOURCE, torch.__version__, *(shlex.split(cxx) or ["c++"]), *_compile_flags(capability)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
