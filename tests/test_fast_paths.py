@@ -796,10 +796,13 @@ def test_one_row_linear_equals_f_linear(out_features, bias):
     torch.testing.assert_close(one_row_linear(inputs, transposed), F.linear(inputs, transposed), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(13, 100), (4096, 1024), (1, 33)])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(13, 100), (4096, 1024), (1, 33), (1000, 64), (67, 16), (40, 100), (35, 129)]
+)
 def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features):
     """The compiled matrix-vector kernel (each thread streaming its rows, four at a time, then one at a time; the
-    inputs in vectors, then a tail): F.linear within float32 rounding, with a bias and without."""
+    inputs in vectors, then a tail; rows of at most 128 inputs sixteen at a time, a partial last vector masked):
+    F.linear within float32 rounding, with a bias and without."""
     operators = compiled_operators()
     if operators is None:
         pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
@@ -837,6 +840,44 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
         monkeypatch.setattr(modeling_txl, "_one_row_inference", lambda inputs, weight: False)
         expected = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "same_length"])
+def test_the_one_row_decoding_path_equals_the_general_path(monkeypatch, variant):
+    """A token decoded at batch 1 with kept keys and values takes `_decode_one_row` in every layer (post-LN and
+    pre-LN, shared or own biases, clamped distances, a memory that outgrows mem_len, a masked memory with
+    same_length): the same logits and memory as the general path of `forward`, step after step."""
+    from transfoxl import modeling_txl
+
+    if compiled_operators() is None:
+        pytest.skip("the one-row path is for the compiled kernels (Linux on x86-64 with AVX2)")
+    overrides = {"same_length": True, "mem_len": 6} if variant == "same_length" else VARIANTS[variant]
+    model = tiny_lm(**overrides)
+    model.config._attn_implementation = "sdpa"
+    ids = covering_ids(model.config.vocab_size, batch=1, length=14)
+    taken, original = [], modeling_txl.TxlRelativeAttention._decode_one_row
+
+    def counting(self, *args):
+        result = original(self, *args)
+        taken.append(result is not None)
+        return result
+
+    def decode(one_row: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                modeling_txl.TxlRelativeAttention, "_decode_one_row", counting if one_row else lambda *args: None
+            )
+            with torch.no_grad():
+                memory = model(ids[:, :5], use_cache=True).past_key_values
+                logits = [model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 14)]
+        return torch.cat(logits, dim=1), memory.to_legacy()
+
+    fast, fast_memory = decode(one_row=True)
+    expected, expected_memory = decode(one_row=False)
+    assert taken and all(taken) and len(taken) == 9 * model.config.n_layer
+    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+    for kept, general in zip(fast_memory, expected_memory):
+        torch.testing.assert_close(kept, general, rtol=0, atol=1e-6)
 
 
 def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkeypatch):

@@ -87,6 +87,7 @@ from .kernels_txl import (
     shifted_product,
     softmax_dtype,
 )
+from .cpp_kernels_txl import compiled_operators
 from .kernels_txl import dropout as kernel_dropout
 from .memory_txl import LayerMemory, TxlMemory, TxlMemoryLayer, is_txl_memory
 
@@ -397,6 +398,51 @@ class TxlRelativeAttention(nn.Module):
         projected = cached[2]
         return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
+    def _decode_one_row(
+        self,
+        hidden_states: torch.Tensor,
+        memory: LayerMemory,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        content_bias: torch.Tensor,
+        position_bias: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """`forward`'s result for one token at batch 1 whose memory keeps its keys and values, in float32 CPU
+        inference with the compiled kernels and bare modules: the products of one row and the one-query kernel,
+        without the choices `forward` makes for every other case (decoding pays for each call it makes, dozens
+        per layer and token). None where that does not apply: `forward` then goes its general way, which computes
+        the same values (tests compare them)."""
+        store, weight = memory.projection_store, self.qkv_proj.weight
+        if (
+            store is None
+            or memory.hidden is None
+            or self.training
+            or getattr(self.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
+            or not _one_row_inference(hidden_states, weight)
+            or weight.dtype != torch.float32
+            or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active()
+            or (mask is not None and mask.dtype != torch.bool)
+            or self.d_head % 8 != 0
+            or not (_is_bare_linear(self.o_proj) and _is_bare(self.layer_norm, nn.LayerNorm))
+            or (version := self.projection_version()) is None  # (also: the query-key-value projection is bare)
+            or not store.has_projections(version)
+            or compiled_operators() is None
+        ):
+            return None
+        context = _layer_norm(self.layer_norm, hidden_states) if self.pre_lnorm else hidden_states  # [1, 1, E]
+        qkv = one_row_linear(context, weight).view(1, 1, 3 * self.n_head, self.d_head).transpose(1, 2)
+        query, key, value = qkv.chunk(3, dim=1)  # [1, H, 1, D] each
+        key, value = store.append_projections(key, value)  # [1, H, K, D]
+        rel_key = self._relative_keys(positions)  # [H, K, D]
+        attn_output = compiled_one_query_attention(
+            query, key, value, rel_key, content_bias, position_bias, mask, scaling=self.scaling
+        )  # [1, H, 1, D]
+        attn_output = one_row_linear(attn_output.view(1, 1, -1), self.o_proj.weight, self.o_proj.bias)  # [1, 1, E]
+        if self.pre_lnorm:
+            return hidden_states + attn_output
+        return _layer_norm(self.layer_norm, hidden_states + attn_output)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -413,6 +459,14 @@ class TxlRelativeAttention(nn.Module):
         `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden, or None; content_bias, position_bias (u, v) `[H, D]`.
         Returns the new hidden states `[B, Q, E]` and the probabilities `[B, H, Q, K]` (with `output_attentions`).
         """
+        if (
+            hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
+            and memory is not None
+            and not output_attentions
+            and (decoded := self._decode_one_row(hidden_states, memory, positions, mask, content_bias, position_bias))
+            is not None
+        ):
+            return decoded, None
         batch, q_len, _ = hidden_states.shape
         hidden_memory = None if memory is None else memory.hidden  # [B, M, E]
         store = None if memory is None else memory.projection_store
@@ -640,7 +694,7 @@ class TxlAdaptiveEmbedding(nn.Module):
             if not 0 <= cluster < len(self.embeddings):
                 raise IndexError(f"Token id {token} is outside the vocabulary [0, {self.bounds[-1]}).")
             low = self.bounds[cluster]
-            return F.linear(self.embeddings[cluster](input_ids - low), self.projections[cluster])
+            return _linear(self.embeddings[cluster](input_ids - low), self.projections[cluster])  # (one row)
         embeddings, embedded = None, 0
         for cluster, (table, projection) in enumerate(zip(self.embeddings, self.projections)):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
