@@ -842,18 +842,26 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, "same_length"])
+@pytest.mark.parametrize("variant", [*VARIANTS, "same_length", "mc_dropout"])
 def test_the_one_row_decoding_path_equals_the_general_path(monkeypatch, variant):
     """A token decoded at batch 1 with kept keys and values takes `_decode_one_row` in every layer (post-LN and
     pre-LN, shared or own biases, clamped distances, a memory that outgrows mem_len, a masked memory with
-    same_length): the same logits and memory as the general path of `forward`, step after step."""
+    same_length, dropout modules switched back on in an eval model as MC dropout does): the same logits and memory
+    as the general path of `forward`, step after step."""
     from transfoxl import modeling_txl
 
     if compiled_operators() is None:
         pytest.skip("the one-row path is for the compiled kernels (Linux on x86-64 with AVX2)")
-    overrides = {"same_length": True, "mem_len": 6} if variant == "same_length" else VARIANTS[variant]
+    overrides = {
+        "same_length": {"same_length": True, "mem_len": 6},
+        "mc_dropout": {"dropout": 0.3},
+    }.get(variant) or VARIANTS[variant]
     model = tiny_lm(**overrides)
     model.config._attn_implementation = "sdpa"
+    if variant == "mc_dropout":
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.train()
     ids = covering_ids(model.config.vocab_size, batch=1, length=14)
     taken, original = [], modeling_txl.TxlRelativeAttention._decode_one_row
 
@@ -867,6 +875,7 @@ def test_the_one_row_decoding_path_equals_the_general_path(monkeypatch, variant)
             patch.setattr(
                 modeling_txl.TxlRelativeAttention, "_decode_one_row", counting if one_row else lambda *args: None
             )
+            torch.manual_seed(0)  # (the same dropout masks for both, MC dropout)
             with torch.no_grad():
                 memory = model(ids[:, :5], use_cache=True).past_key_values
                 logits = [model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 14)]

@@ -439,6 +439,7 @@ class TxlRelativeAttention(nn.Module):
             query, key, value, rel_key, content_bias, position_bias, mask, scaling=self.scaling
         )  # [1, H, 1, D]
         attn_output = one_row_linear(attn_output.view(1, 1, -1), self.o_proj.weight, self.o_proj.bias)  # [1, 1, E]
+        attn_output = _dropout(self.dropout, attn_output)  # (a dropout module left in training mode, MC dropout)
         if self.pre_lnorm:
             return hidden_states + attn_output
         return _layer_norm(self.layer_norm, hidden_states + attn_output)
