@@ -478,6 +478,12 @@ AVX2_CHECK = textwrap.dedent(
     worst = max(worst, (compiled_output - output).abs().max().item())
     for mine, theirs in zip(compiled_gradients, gradients):
         worst = max(worst, (mine - theirs).abs().max().item() / max(1.0, theirs.abs().max().item()))
+    # decoding's one-row product (rows of any length four at a time: the sixteen-row path is AVX-512's), relative
+    for out_features, in_features in [(37, 16), (1000, 64), (130, 1030)]:
+        weight, row, bias = torch.randn(out_features, in_features), torch.randn(in_features), torch.randn(out_features)
+        expected = torch.nn.functional.linear(row, weight, bias)
+        product = compiled_operators().row_linear(row, weight, bias)
+        worst = max(worst, (product - expected).abs().max().item() / expected.abs().max().item())
     print(worst)
     """
 )
@@ -485,7 +491,8 @@ AVX2_CHECK = textwrap.dedent(
 
 def test_the_avx2_build_equals_eager(kernel, tmp_path):
     """On a CPU without AVX-512 the kernel is built for AVX2 (2-query tiles: 16 registers); here torch is told to
-    dispatch as on such a CPU (ATEN_CPU_CAPABILITY=avx2), in a fresh process, and that build equals eager too."""
+    dispatch as on such a CPU (ATEN_CPU_CAPABILITY=avx2), in a fresh process, and that build equals eager too (the
+    attention's forward, decoding and gradients; the one-row product)."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip("this machine's own build is the AVX2 one (the other tests run it)")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TRANSFOXL_KERNEL_CACHE": str(tmp_path / "kernels")}
