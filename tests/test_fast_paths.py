@@ -878,7 +878,9 @@ def test_the_one_row_decoding_path_equals_the_general_path(monkeypatch, variant)
             torch.manual_seed(0)  # (the same dropout masks for both, MC dropout)
             with torch.no_grad():
                 memory = model(ids[:, :5], use_cache=True).past_key_values
-                logits = [model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 14)]
+                logits = [
+                    model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 14)
+                ]
         return torch.cat(logits, dim=1), memory.to_legacy()
 
     fast, fast_memory = decode(one_row=True)

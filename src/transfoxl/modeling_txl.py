@@ -68,6 +68,7 @@ from .checks_txl import (
     token_id_outside,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
+from .cpp_kernels_txl import compiled_operators
 from .kernels_txl import (
     adaptive_nll,
     compiled_attention_applies,
@@ -87,7 +88,6 @@ from .kernels_txl import (
     shifted_product,
     softmax_dtype,
 )
-from .cpp_kernels_txl import compiled_operators
 from .kernels_txl import dropout as kernel_dropout
 from .memory_txl import LayerMemory, TxlMemory, TxlMemoryLayer, is_txl_memory
 
