@@ -1013,7 +1013,12 @@ def cache_folder() -> Path:
 
 def _compiler() -> list[str]:
     """$CXX (split as a shell would: "ccache g++" is a compiler and an argument), else `c++`."""
-    return shlex.split(os.environ.get("CXX") or "") or ["c++"]
+    return list(_compiler_for(os.environ.get("CXX") or ""))
+
+
+@functools.cache
+def _compiler_for(cxx: str) -> tuple[str, ...]:
+    return tuple(shlex.split(cxx)) or ("c++",)
 
 
 @functools.cache
@@ -1062,7 +1067,7 @@ def _build_key() -> str:
 
 @functools.cache
 def _build_key_for(cxx: str, capability: str) -> str:
-    parts = [SOURCE, torch.__version__, *(shlex.split(cxx) or ["c++"]), *_compile_flags(capability)]
+    parts = [SOURCE, torch.__version__, *_compiler_for(cxx), *_compile_flags(capability)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
