@@ -484,6 +484,25 @@ AVX2_CHECK = textwrap.dedent(
         expected = torch.nn.functional.linear(row, weight, bias)
         product = compiled_operators().row_linear(row, weight, bias)
         worst = max(worst, (product - expected).abs().max().item() / expected.abs().max().item())
+    # decoding's fused layer step (decode_layer) against the general path, post-LN and pre-LN
+    from tests.utils import tiny_lm
+    from transfoxl import modeling_txl
+
+    fused_step, taken = modeling_txl.TxlLayer._decode_one_row, []
+    for pre_lnorm in (False, True):
+        model = tiny_lm(pre_lnorm=pre_lnorm)
+        ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+        results = []
+        for fused in (True, False):
+            modeling_txl.TxlLayer._decode_one_row = (
+                (lambda *args: taken.append(fused_step(*args)) or taken[-1]) if fused else (lambda *args: None)
+            )
+            with torch.no_grad():
+                memory = model(ids[:, :5], use_cache=True).past_key_values
+                steps = [model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 9)]
+            results.append(torch.cat(steps, dim=1))
+        worst = max(worst, (results[0] - results[1]).abs().max().item())
+    assert taken and all(result is not None for result in taken)
     print(worst)
     """
 )
@@ -492,7 +511,7 @@ AVX2_CHECK = textwrap.dedent(
 def test_the_avx2_build_equals_eager(kernel, tmp_path):
     """On a CPU without AVX-512 the kernel is built for AVX2 (2-query tiles: 16 registers); here torch is told to
     dispatch as on such a CPU (ATEN_CPU_CAPABILITY=avx2), in a fresh process, and that build equals eager too (the
-    attention's forward, decoding and gradients; the one-row product)."""
+    attention's forward, decoding and gradients; the one-row product; decoding's fused layer step)."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip("this machine's own build is the AVX2 one (the other tests run it)")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TRANSFOXL_KERNEL_CACHE": str(tmp_path / "kernels")}

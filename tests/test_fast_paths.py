@@ -817,10 +817,12 @@ def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features)
 
 
 def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logits(monkeypatch):
-    """Each linear product of a decoded token at batch 1 (projections, feed-forward, output clusters) goes through
-    `one_row_linear`, and the logits equal those of the plain F.linear path."""
+    """Where the fused layer step does not apply (here: turned off; in use, an adapter or hook on a sub-layer, MC
+    dropout), each linear product of a decoded token at batch 1 (projections, feed-forward, output clusters) goes
+    through `one_row_linear`, and the logits equal those of the plain F.linear path."""
     from transfoxl import modeling_txl
 
+    monkeypatch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
     calls = []
 
     def counting(*args, **kwargs):
@@ -842,39 +844,42 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, "same_length", "mc_dropout"])
-def test_the_one_row_decoding_path_equals_the_general_path(monkeypatch, variant):
-    """A token decoded at batch 1 with kept keys and values takes `_decode_one_row` in every layer (post-LN and
-    pre-LN, shared or own biases, clamped distances, a memory that outgrows mem_len, a masked memory with
-    same_length, dropout modules switched back on in an eval model as MC dropout does): the same logits and memory
-    as the general path of `forward`, step after step."""
+@pytest.mark.parametrize("variant", [*VARIANTS, "same_length", "mc_dropout", "float64"])
+def test_the_fused_decoding_layer_equals_the_general_path(monkeypatch, variant):
+    """A token decoded at batch 1 with kept keys and values takes `TxlLayer._decode_one_row` (the compiled
+    `decode_layer`) in every layer (post-LN and pre-LN, shared or own biases, clamped distances, a memory that outgrows
+    mem_len, a masked memory with same_length): the same logits and memory as the general path of `forward`, step
+    after step. Where it does not apply (dropout modules switched back on in an eval model, as MC dropout does; a
+    float64 model) it is not taken, and the results are the general path's."""
     from transfoxl import modeling_txl
 
     if compiled_operators() is None:
-        pytest.skip("the one-row path is for the compiled kernels (Linux on x86-64 with AVX2)")
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     overrides = {
         "same_length": {"same_length": True, "mem_len": 6},
         "mc_dropout": {"dropout": 0.3},
-    }.get(variant) or VARIANTS[variant]
+        "float64": {},
+        **VARIANTS,
+    }[variant]
     model = tiny_lm(**overrides)
     model.config._attn_implementation = "sdpa"
     if variant == "mc_dropout":
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.train()
+    if variant == "float64":
+        model.double()
     ids = covering_ids(model.config.vocab_size, batch=1, length=14)
-    taken, original = [], modeling_txl.TxlRelativeAttention._decode_one_row
+    taken, original = [], modeling_txl.TxlLayer._decode_one_row
 
     def counting(self, *args):
         result = original(self, *args)
         taken.append(result is not None)
         return result
 
-    def decode(one_row: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def decode(fused: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         with monkeypatch.context() as patch:
-            patch.setattr(
-                modeling_txl.TxlRelativeAttention, "_decode_one_row", counting if one_row else lambda *args: None
-            )
+            patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", counting if fused else lambda *args: None)
             torch.manual_seed(0)  # (the same dropout masks for both, MC dropout)
             with torch.no_grad():
                 memory = model(ids[:, :5], use_cache=True).past_key_values
@@ -883,9 +888,10 @@ def test_the_one_row_decoding_path_equals_the_general_path(monkeypatch, variant)
                 ]
         return torch.cat(logits, dim=1), memory.to_legacy()
 
-    fast, fast_memory = decode(one_row=True)
-    expected, expected_memory = decode(one_row=False)
-    assert taken and all(taken) and len(taken) == 9 * model.config.n_layer
+    fast, fast_memory = decode(fused=True)
+    expected, expected_memory = decode(fused=False)
+    assert len(taken) == 9 * model.config.n_layer
+    assert all(taken) if variant not in ("mc_dropout", "float64") else not any(taken)
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
     for kept, general in zip(fast_memory, expected_memory):
         torch.testing.assert_close(kept, general, rtol=0, atol=1e-6)
@@ -958,12 +964,14 @@ HOOK_KINDS = [
 
 @pytest.mark.filterwarnings("ignore:For backward hooks to be called", "ignore:Full backward hook is firing")
 @pytest.mark.parametrize("kind", HOOK_KINDS)
-@pytest.mark.parametrize("module_name", ["attention.o_proj", "ffn.up_proj", "attention.layer_norm"])
+@pytest.mark.parametrize(
+    "module_name", ["attention.o_proj", "ffn.up_proj", "ffn.down_proj", "attention.layer_norm", "attention", "ffn"]
+)
 def test_linear_and_norm_layers_keep_their_module_call_when_watched(kind, module_name):
-    """Bare linear and layer-norm layers are computed without their module call (it only costs time); one that a
-    hook of any kind watches, or whose forward is replaced (on the instance or the class), keeps the call: in
-    training (forward and backward) and when decoding a token at batch 1 (the one-row products), with the same
-    outputs."""
+    """Bare linear and layer-norm layers are computed without their module call (it only costs time), and a decoded
+    token at batch 1 skips the sub-layers' calls too (the fused layer step); a module that a hook of any kind
+    watches, or whose forward is replaced (on the instance or the class), keeps its call: in training (forward and
+    backward) and when decoding a token at batch 1, with the same outputs."""
     model = tiny_lm(mem_len=8)
     module = model.transformer.layers[0].get_submodule(module_name)
     ids = covering_ids(97, batch=2, length=6)

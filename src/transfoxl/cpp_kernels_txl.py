@@ -66,12 +66,14 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -698,6 +700,62 @@ inline __m256 eight_sums(const __m256* a) {
 
 }  // namespace
 
+// One head of one query: o = softmax(s) v with s_j = ((q + u) . k_j + (q + v) . r_j) * scale over K keys (rows of
+// k, r, v at their strides), s_j = -inf where hidden[j * hidden_stride] (hidden may be null). scratch: 2 D + K + 8
+// floats. Each row of the keys, relative keys and values is read once, in place, 8 keys per step.
+inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride, const float* v_bh,
+                           int64_t value_stride, const float* r_h, int64_t rel_stride, const float* u_h,
+                           const float* v_h, const bool* hidden, int64_t hidden_stride, int64_t K, int64_t D,
+                           float scale, float* scratch, float* o) {
+  float* cq = scratch;
+  float* pq = scratch + D;
+  float* scores = scratch + 2 * D;
+  for (int64_t d = 0; d < D; ++d) {
+    cq[d] = (q[d] + u_h[d]) * scale;
+    pq[d] = (q[d] + v_h[d]) * scale;
+  }
+  // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end)
+  int64_t j = 0;
+  for (; j + 8 <= K; j += 8) {
+    for (int t = 0; t < 8; ++t) {
+      prefetch_row(k_bh + (j + kRowsAhead + t) * key_stride, D);
+      prefetch_row(r_h + (j + kRowsAhead + t) * rel_stride, D);
+    }
+    __m256 acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 c = _mm256_loadu_ps(cq + d), p = _mm256_loadu_ps(pq + d);
+      for (int t = 0; t < 8; ++t) {
+        acc[t] = _mm256_fmadd_ps(c, _mm256_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
+        acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
+      }
+    }
+    _mm256_storeu_ps(&scores[j], eight_sums(acc));
+  }
+  for (; j < K; ++j) {
+    float sum = 0.0f;
+    for (int64_t d = 0; d < D; ++d) sum += cq[d] * k_bh[j * key_stride + d] + pq[d] * r_h[j * rel_stride + d];
+    scores[j] = sum;
+  }
+  if (hidden != nullptr)
+    for (j = 0; j < K; ++j)
+      if (hidden[j * hidden_stride]) scores[j] = -FLT_MAX;
+  // (every key hidden: all scores equal, a uniform average, as eager's)
+  const float sum = exponentiate(scores, K, row_maximum(scores, K));
+  const __m256 inverse = _mm256_set1_ps(1.0f / sum);
+  for (int64_t c = 0; c < D; c += 32) {  // up to four registers of the output at a time
+    const int chunks = static_cast<int>(std::min<int64_t>(4, (D - c) / 8));
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (j = 0; j < K; ++j) {
+      if (c == 0) prefetch_row(v_bh + (j + kRowsAhead) * value_stride, D);
+      const __m256 p = _mm256_broadcast_ss(&scores[j]);
+      const float* row = v_bh + j * value_stride + c;
+      for (int t = 0; t < chunks; ++t) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * t), acc[t]);
+    }
+    for (int t = 0; t < chunks; ++t) _mm256_storeu_ps(o + c + 8 * t, _mm256_mul_ps(acc[t], inverse));
+  }
+}
+
 // One query per sequence (decoding): query [B, H, 1, D]; key, value [B, H, K, D]; rel_key [H, K, D]; the biases
 // [H, D]; mask [B or 1, K] bool (True = hidden) or none. A single query needs no shift (its relative key j is row j),
 // and no transposition: each row of the keys, relative keys and values is read once, in place, 8 keys per step.
@@ -731,66 +789,56 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
   const float* v = position_bias.data_ptr<float>();
   float* output_data = output.data_ptr<float>();
   const int64_t key_stride = key.stride(2), rel_stride = rel_key.stride(1), value_stride = value.stride(2);
-  const float scale = static_cast<float>(scaling), lowest = -FLT_MAX;
+  const float scale = static_cast<float>(scaling);
 
   at::parallel_for(0, B * H, tasks_per_chunk(K * D), [&](int64_t begin, int64_t end) {
-    std::vector<float> cq(D), pq(D), scores(K + Vec::W);
+    std::vector<float> scratch(2 * D + K + Vec::W);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float* q = query_data + b * query.stride(0) + h * query.stride(1);
-      const float* k_bh = key_data + b * key.stride(0) + h * key.stride(1);
-      const float* v_bh = value_data + b * value.stride(0) + h * value.stride(1);
-      const float* r_h = rel_data + h * rel_key.stride(0);
-      for (int64_t d = 0; d < D; ++d) {
-        cq[d] = (q[d] + u[h * D + d]) * scale;
-        pq[d] = (q[d] + v[h * D + d]) * scale;
-      }
-      // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end)
-      int64_t j = 0;
-      for (; j + 8 <= K; j += 8) {
-        for (int t = 0; t < 8; ++t) {
-          prefetch_row(k_bh + (j + kRowsAhead + t) * key_stride, D);
-          prefetch_row(r_h + (j + kRowsAhead + t) * rel_stride, D);
-        }
-        __m256 acc[8];
-        for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 c = _mm256_loadu_ps(&cq[d]), p = _mm256_loadu_ps(&pq[d]);
-          for (int t = 0; t < 8; ++t) {
-            acc[t] = _mm256_fmadd_ps(c, _mm256_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
-            acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
-          }
-        }
-        _mm256_storeu_ps(&scores[j], eight_sums(acc));
-      }
-      for (; j < K; ++j) {
-        float sum = 0.0f;
-        for (int64_t d = 0; d < D; ++d) sum += cq[d] * k_bh[j * key_stride + d] + pq[d] * r_h[j * rel_stride + d];
-        scores[j] = sum;
-      }
-      if (masked) {
-        const bool* hidden = mask->data_ptr<bool>() + (mask->size(0) == 1 ? 0 : b * mask->stride(0));
-        for (j = 0; j < K; ++j)
-          if (hidden[j * mask->stride(1)]) scores[j] = lowest;
-      }
-      // (every key hidden: all scores equal, a uniform average, as eager's)
-      const float sum = exponentiate(scores.data(), K, row_maximum(scores.data(), K));
-      const __m256 inverse = _mm256_set1_ps(1.0f / sum);
-      float* o = output_data + (b * H + h) * D;
-      for (int64_t c = 0; c < D; c += 32) {  // up to four registers of the output at a time
-        const int chunks = static_cast<int>(std::min<int64_t>(4, (D - c) / 8));
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (j = 0; j < K; ++j) {
-          if (c == 0) prefetch_row(v_bh + (j + kRowsAhead) * value_stride, D);
-          const __m256 p = _mm256_broadcast_ss(&scores[j]);
-          const float* row = v_bh + j * value_stride + c;
-          for (int t = 0; t < chunks; ++t) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * t), acc[t]);
-        }
-        for (int t = 0; t < chunks; ++t) _mm256_storeu_ps(o + c + 8 * t, _mm256_mul_ps(acc[t], inverse));
-      }
+      const bool* hidden =
+          masked ? mask->data_ptr<bool>() + (mask->size(0) == 1 ? 0 : b * mask->stride(0)) : nullptr;
+      one_query_head(query_data + b * query.stride(0) + h * query.stride(1),
+                     key_data + b * key.stride(0) + h * key.stride(1), key_stride,
+                     value_data + b * value.stride(0) + h * value.stride(1), value_stride,
+                     rel_data + h * rel_key.stride(0), rel_stride, u + h * D, v + h * D, hidden,
+                     masked ? mask->stride(1) : 0, K, D, scale, scratch.data(), output_data + (b * H + h) * D);
     }
   });
   return output;
+}
+
+// Rows [begin, end) of y = w x + b (b may be null) for a row-major weight w [out, I]: a contiguous range of rows
+// streamed four at a time (eight independent sums), the row of inputs staying in L1; short rows sixteen at a time.
+inline void linear_rows(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
+                        int64_t end) {
+  using V = Wide;
+  constexpr int R = 4;
+  int64_t o = begin;
+#if defined(__AVX512F__)
+  if (I <= kShortRow) o = short_rows_linear(w, x, b, y, I, begin, end);
+#endif
+  for (; o + R <= end; o += R) {
+    V acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
+    const float* rows = w + o * I;
+    int64_t i = 0;
+    for (; i + 2 * V::W <= I; i += 2 * V::W) {
+      const V x0 = V::load(x + i), x1 = V::load(x + i + V::W);
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] = fma(V::load(rows + r * I + i), x0, acc[r][0]);
+        acc[r][1] = fma(V::load(rows + r * I + i + V::W), x1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float sum = (acc[r][0] + acc[r][1]).sum();
+      for (int64_t t = i; t < I; ++t) sum += rows[r * I + t] * x[t];
+      y[o + r] = b == nullptr ? sum : sum + b[o + r];
+    }
+  }
+  for (; o < end; ++o) {  // the remainder of the rows, one at a time
+    const float sum = dot_product(w + o * I, x, I);
+    y[o] = b == nullptr ? sum : sum + b[o];
+  }
 }
 
 // A linear layer for one row (decoding at batch 1): output[o] = weight[o] . input (+ bias[o]) for a row-major weight
@@ -806,42 +854,163 @@ at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const s
   TORCH_CHECK(!with_bias || (bias->device().is_cpu() && bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
                              bias->numel() == weight.size(0)),
               "row_linear: a contiguous float32 CPU bias of `out` values expected");
-  using V = Wide;
   const int64_t O = weight.size(0), I = weight.size(1);
   auto output = at::empty({O}, input.options());
   const float* x = input.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   const float* b = with_bias ? bias->data_ptr<float>() : nullptr;
   float* y = output.data_ptr<float>();
-  constexpr int R = 4;
-  at::parallel_for(0, O, std::max<int64_t>(R, 32768 / std::max<int64_t>(1, I)), [&](int64_t begin, int64_t end) {
-    int64_t o = begin;
-#if defined(__AVX512F__)
-    if (I <= kShortRow) o = short_rows_linear(w, x, b, y, I, begin, end);
-#endif
-    for (; o + R <= end; o += R) {
-      V acc[R][2];
-      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
-      const float* rows = w + o * I;
-      int64_t i = 0;
-      for (; i + 2 * V::W <= I; i += 2 * V::W) {
-        const V x0 = V::load(x + i), x1 = V::load(x + i + V::W);
-        for (int r = 0; r < R; ++r) {
-          acc[r][0] = fma(V::load(rows + r * I + i), x0, acc[r][0]);
-          acc[r][1] = fma(V::load(rows + r * I + i + V::W), x1, acc[r][1]);
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        float sum = (acc[r][0] + acc[r][1]).sum();
-        for (int64_t t = i; t < I; ++t) sum += rows[r * I + t] * x[t];
-        y[o + r] = b == nullptr ? sum : sum + b[o + r];
-      }
+  at::parallel_for(0, O, std::max<int64_t>(4, 32768 / std::max<int64_t>(1, I)),
+                   [&](int64_t begin, int64_t end) { linear_rows(w, x, b, y, I, begin, end); });
+  return output;
+}
+
+// y = (x - mean) / sqrt(variance + eps) * gain + shift over one row of E floats (the moments in double); y may be x.
+inline void layer_norm_row(const float* x, const float* gain, const float* shift, double eps, int64_t E, float* y) {
+  double sum = 0.0, squares = 0.0;
+  for (int64_t i = 0; i < E; ++i) sum += x[i];
+  const double mean = sum / static_cast<double>(E);
+  for (int64_t i = 0; i < E; ++i) squares += (x[i] - mean) * (x[i] - mean);
+  const float scale = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(E) + eps));
+  const float center = static_cast<float>(mean);
+  for (int64_t i = 0; i < E; ++i) y[i] = (x[i] - center) * scale * gain[i] + shift[i];
+}
+
+// Thread t's share [begin, end) of n items among T threads, in multiples of `align` (the last share takes the rest).
+inline std::pair<int64_t, int64_t> thread_share(int64_t n, int t, int T, int64_t align) {
+  const int64_t per = ((n + T - 1) / T + align - 1) / align * align;
+  const int64_t begin = std::min<int64_t>(n, t * per);
+  return {begin, std::min<int64_t>(n, begin + per)};
+}
+
+inline const float* optional_data(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && tensor->defined() ? tensor->data_ptr<float>() : nullptr;
+}
+
+// One layer of decoding for one token at batch 1 (TxlLayer in inference, dropout off), in one parallel region:
+//   context = LN_a(x) (pre-LN) or x;  [q; k; v] = W_qkv context;  key[:, :, K-1] = k, value[:, :, K-1] = v
+//   a = one-query relative attention of q over key, value, rel_key (u, v biases, mask, scaling)
+//   post-LN: h = LN_a(x + W_o a + b_o);  out = LN_f(h + W_down relu(W_up h + b_up) + b_down)
+//   pre-LN:  h = x + W_o a + b_o;        out = h + W_down relu(W_up LN_f(h) + b_up) + b_down
+// The threads split each product's rows and the heads, with a barrier between steps, instead of a call (and a
+// fork and join) for each of the dozen operators a layer is otherwise made of. hidden: E floats; key, value
+// [1, H, K, D] whose last entry this writes (the memory's buffers, room made by the caller); rel_key [H, K, D];
+// mask [1, K] bool or none. Returns [E].
+at::Tensor decode_layer(const at::Tensor& hidden, const at::Tensor& qkv_weight, const at::Tensor& key,
+                        const at::Tensor& value, const at::Tensor& rel_key, const at::Tensor& content_bias,
+                        const at::Tensor& position_bias, const std::optional<at::Tensor>& mask, double scaling,
+                        const at::Tensor& o_weight, const std::optional<at::Tensor>& o_bias,
+                        const at::Tensor& attn_norm_weight, const at::Tensor& attn_norm_bias, double attn_norm_eps,
+                        const at::Tensor& up_weight, const std::optional<at::Tensor>& up_bias,
+                        const at::Tensor& down_weight, const std::optional<at::Tensor>& down_bias,
+                        const at::Tensor& ffn_norm_weight, const at::Tensor& ffn_norm_bias, double ffn_norm_eps,
+                        bool pre_lnorm) {
+  for (const at::Tensor* t : {&hidden, &qkv_weight, &key, &value, &rel_key, &content_bias, &position_bias, &o_weight,
+                              &attn_norm_weight, &attn_norm_bias, &up_weight, &down_weight, &ffn_norm_weight,
+                              &ffn_norm_bias})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat,
+                "decode_layer: float32 CPU tensors expected");
+  for (const std::optional<at::Tensor>* t : {&o_bias, &up_bias, &down_bias})
+    TORCH_CHECK(!(t->has_value() && (*t)->defined()) ||
+                    ((*t)->device().is_cpu() && (*t)->scalar_type() == at::kFloat && (*t)->is_contiguous()),
+                "decode_layer: float32 CPU biases expected");
+  TORCH_CHECK(key.dim() == 4 && key.size(0) == 1 && value.sizes() == key.sizes() && key.stride(3) == 1 &&
+                  value.stride(3) == 1 && rel_key.dim() == 3 && rel_key.stride(2) == 1,
+              "decode_layer: key / value [1, H, K, D] and rel_key [H, K, D], last dimensions contiguous, expected");
+  const int64_t H = key.size(1), K = key.size(2), D = key.size(3), HD = H * D, E = hidden.numel();
+  const int64_t inner = up_weight.size(0);
+  TORCH_CHECK(hidden.is_contiguous() && qkv_weight.is_contiguous() && o_weight.is_contiguous() &&
+                  up_weight.is_contiguous() && down_weight.is_contiguous() && content_bias.is_contiguous() &&
+                  position_bias.is_contiguous() && attn_norm_weight.is_contiguous() &&
+                  attn_norm_bias.is_contiguous() && ffn_norm_weight.is_contiguous() && ffn_norm_bias.is_contiguous(),
+              "decode_layer: contiguous weights expected");
+  TORCH_CHECK(K >= 1 && D % Vec::W == 0 && qkv_weight.dim() == 2 && qkv_weight.size(0) == 3 * HD &&
+                  qkv_weight.size(1) == E && rel_key.size(0) == H && rel_key.size(1) == K && rel_key.size(2) == D &&
+                  content_bias.numel() == HD && position_bias.numel() == HD && o_weight.dim() == 2 &&
+                  o_weight.size(0) == E && o_weight.size(1) == HD && up_weight.dim() == 2 && up_weight.size(1) == E &&
+                  down_weight.dim() == 2 && down_weight.size(0) == E && down_weight.size(1) == inner &&
+                  attn_norm_weight.numel() == E && attn_norm_bias.numel() == E && ffn_norm_weight.numel() == E &&
+                  ffn_norm_bias.numel() == E && (!o_bias.has_value() || !o_bias->defined() || o_bias->numel() == E) &&
+                  (!up_bias.has_value() || !up_bias->defined() || up_bias->numel() == inner) &&
+                  (!down_bias.has_value() || !down_bias->defined() || down_bias->numel() == E),
+              "decode_layer: mismatched shapes");
+  const bool masked = mask.has_value() && mask->defined();
+  if (masked)
+    TORCH_CHECK(mask->dim() == 2 && mask->scalar_type() == at::kBool && mask->size(0) == 1 && mask->size(1) == K,
+                "decode_layer: mask [1, K] (bool) expected");
+  auto output = at::empty({E}, hidden.options());
+  const float* x = hidden.data_ptr<float>();
+  float* out = output.data_ptr<float>();
+  const float *w_qkv = qkv_weight.data_ptr<float>(), *w_o = o_weight.data_ptr<float>();
+  const float *w_up = up_weight.data_ptr<float>(), *w_down = down_weight.data_ptr<float>();
+  const float *b_o = optional_data(o_bias), *b_up = optional_data(up_bias), *b_down = optional_data(down_bias);
+  const float *g_a = attn_norm_weight.data_ptr<float>(), *s_a = attn_norm_bias.data_ptr<float>();
+  const float *g_f = ffn_norm_weight.data_ptr<float>(), *s_f = ffn_norm_bias.data_ptr<float>();
+  float *key_data = key.data_ptr<float>(), *value_data = value.data_ptr<float>();
+  const float* rel_data = rel_key.data_ptr<float>();
+  const float *u = content_bias.data_ptr<float>(), *v = position_bias.data_ptr<float>();
+  const bool* hidden_keys = masked ? mask->data_ptr<bool>() : nullptr;
+  const int64_t hidden_stride = masked ? mask->stride(1) : 0;
+  const float scale = static_cast<float>(scaling);
+
+  const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
+  const int64_t head_scratch = 2 * D + K + Vec::W;
+  std::vector<float> work(4 * E + 4 * HD + inner + threads * head_scratch);
+  float* context = work.data();  // [E] pre-LN's normed input
+  float* qkv = context + E;      // [3 HD]
+  float* attended = qkv + 3 * HD;  // [HD]
+  float* mid = attended + HD;    // [E] the attention sub-layer's output
+  float* ffn_input = mid + E;    // [E] pre-LN's normed mid
+  float* projected = ffn_input + E;  // [E] W_o a, then W_down relu(...)
+  float* hidden_units = projected + E;  // [inner]
+  float* scratch = hidden_units + inner;
+
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    if (pre_lnorm) {
+#pragma omp single
+      layer_norm_row(x, g_a, s_a, attn_norm_eps, E, context);
     }
-    for (; o < end; ++o) {  // the remainder of the thread's rows, one at a time
-      const float sum = dot_product(w + o * I, x, I);
-      y[o] = b == nullptr ? sum : sum + b[o];
+    const float* attention_input = pre_lnorm ? context : x;
+    auto [q0, q1] = thread_share(3 * HD, t, T, 16);
+    linear_rows(w_qkv, attention_input, nullptr, qkv, E, q0, q1);
+#pragma omp barrier
+    auto [h0, h1] = thread_share(H, t, T, 1);
+    for (int64_t h = h0; h < h1; ++h) {
+      float* k_h = key_data + h * key.stride(1);
+      float* v_h = value_data + h * value.stride(1);
+      std::memcpy(k_h + (K - 1) * key.stride(2), qkv + HD + h * D, D * sizeof(float));
+      std::memcpy(v_h + (K - 1) * value.stride(2), qkv + 2 * HD + h * D, D * sizeof(float));
+      one_query_head(qkv + h * D, k_h, key.stride(2), v_h, value.stride(2), rel_data + h * rel_key.stride(0),
+                     rel_key.stride(1), u + h * D, v + h * D, hidden_keys, hidden_stride, K, D, scale,
+                     scratch + t * head_scratch, attended + h * D);
     }
-  });
+#pragma omp barrier
+    auto [e0, e1] = thread_share(E, t, T, 16);
+    linear_rows(w_o, attended, b_o, projected, HD, e0, e1);
+#pragma omp barrier
+#pragma omp single
+    {
+      for (int64_t i = 0; i < E; ++i) mid[i] = x[i] + projected[i];
+      if (pre_lnorm)
+        layer_norm_row(mid, g_f, s_f, ffn_norm_eps, E, ffn_input);
+      else
+        layer_norm_row(mid, g_a, s_a, attn_norm_eps, E, mid);
+    }
+    const float* ffn_in = pre_lnorm ? ffn_input : mid;
+    auto [i0, i1] = thread_share(inner, t, T, 16);
+    linear_rows(w_up, ffn_in, b_up, hidden_units, E, i0, i1);
+    for (int64_t i = i0; i < i1; ++i) hidden_units[i] = std::max(hidden_units[i], 0.0f);
+#pragma omp barrier
+    linear_rows(w_down, hidden_units, b_down, projected, inner, e0, e1);
+#pragma omp barrier
+#pragma omp single
+    {
+      for (int64_t i = 0; i < E; ++i) out[i] = mid[i] + projected[i];
+      if (!pre_lnorm) layer_norm_row(out, g_f, s_f, ffn_norm_eps, E, out);
+    }
+  }
   return output;
 }
 
@@ -964,6 +1133,11 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor content_bias, Tensor position_bias, Tensor mask, float scaling) -> (Tensor, Tensor)");
   m.def("relative_attention_score_grad(Tensor grad_output, Tensor output, Tensor value, Tensor probs) -> Tensor");
   m.def("row_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("decode_layer(Tensor hidden, Tensor qkv_weight, Tensor(a!) key, Tensor(b!) value, Tensor rel_key, "
+        "Tensor content_bias, Tensor position_bias, Tensor? mask, float scaling, Tensor o_weight, Tensor? o_bias, "
+        "Tensor attn_norm_weight, Tensor attn_norm_bias, float attn_norm_eps, Tensor up_weight, Tensor? up_bias, "
+        "Tensor down_weight, Tensor? down_bias, Tensor ffn_norm_weight, Tensor ffn_norm_bias, float ffn_norm_eps, "
+        "bool pre_lnorm) -> Tensor");
   m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
   m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");
   m.def("dropout_training_backward(Tensor grad_output, Tensor saved, float scale) -> Tensor");
@@ -974,6 +1148,7 @@ TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_training_forward", &relative_attention_training_forward);
   m.impl("relative_attention_score_grad", &relative_attention_score_grad);
   m.impl("row_linear", &row_linear);
+  m.impl("decode_layer", &decode_layer);
   m.impl("dropout_training_forward", &dropout_training_forward);
   m.impl("relu_dropout_training_forward", &relu_dropout_training_forward);
   m.impl("dropout_training_backward", &dropout_training_backward);
@@ -1077,6 +1252,7 @@ OPERATORS = (
     "relative_attention_training_forward",
     "relative_attention_score_grad",
     "row_linear",
+    "decode_layer",
     "dropout_training_forward",
     "relu_dropout_training_forward",
     "dropout_training_backward",

@@ -78,8 +78,10 @@ class SlidingWindow:
         self.buffer, self.start, self.shared_version = tensor, 0, None
         self.end = 0 if tensor is None else tensor.shape[self.dim]
 
-    def append(self, new: torch.Tensor) -> torch.Tensor:
-        """Append `new`; return a view of the kept entries followed by `new`, then keep only the last `max_len`."""
+    def append(self, new: torch.Tensor, *, write: bool = True) -> torch.Tensor:
+        """Append `new`; return a view of the kept entries followed by `new`, then keep only the last `max_len`.
+        `write=False` makes the room for `new`'s entries without writing them: the caller writes them into the last
+        entries of the view returned, before anything reads the window (decoding's fused layer step)."""
         count = new.shape[self.dim]
         buffer = self.buffer
         # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
@@ -106,7 +108,8 @@ class SlidingWindow:
             if kept is not None:
                 buffer.narrow(self.dim, 0, kept_len).copy_(kept)
             self.buffer, self.start, self.end, self.shared_version = buffer, 0, kept_len, None
-        buffer.narrow(self.dim, self.end, count).copy_(new)
+        if write:
+            buffer.narrow(self.dim, self.end, count).copy_(new)
         self.end += count
         full = buffer.narrow(self.dim, self.start, self.end - self.start)
         self.start = max(self.start, self.end - self.max_len)
@@ -221,6 +224,13 @@ class TxlMemoryLayer(CacheLayerMixin):
         if keys.requires_grad or values.requires_grad:  # (inference needs no detached views)
             keys, values = keys.detach(), values.detach()
         return self._keys.append(keys), self._values.append(values)
+
+    def append_projection_room(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for one more position's key and value, for a caller that writes them itself
+        (`decode_layer`): `[B, H, M + 1, D]` views of the kept keys and values whose last entry is not written yet.
+        Only where `has_projections`."""
+        like = self._keys.value.narrow(2, 0, 1)  # (the shape, type and device of one entry: nothing is copied)
+        return self._keys.append(like, write=False), self._values.append(like, write=False)
 
     def drop_projections(self) -> None:
         self._keys.replace(None)

@@ -243,26 +243,38 @@ def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(inputs, weight, bias)
 
 
-# The forward of each module type that `_is_bare` may skip, as torch defines it (a patched class keeps its call).
-_TORCH_FORWARDS = {nn.Linear: nn.Linear.forward, nn.LayerNorm: nn.LayerNorm.forward}
+# The forward of each module type that `_is_bare` may skip, as torch or this file defines it (a patched class keeps
+# its call); the model's sub-layers are added below their classes.
+_PLAIN_FORWARDS = {nn.Linear: nn.Linear.forward, nn.LayerNorm: nn.LayerNorm.forward}
 
 
 def _is_bare(module: nn.Module, kind: type[nn.Module]) -> bool:
-    """Whether `module` is a `kind` itself (`nn.Linear`, `nn.LayerNorm`): not wrapped by an adapter, hooked (its own
-    hooks or global module hooks) or replaced, so that its parameters say what it computes and nothing watches its
-    call."""
+    """Whether `module` is a `kind` itself (`nn.Linear`, `nn.LayerNorm`, the model's sub-layers): not wrapped by an
+    adapter, hooked (its own hooks or global module hooks) or replaced, so that its parameters say what it computes
+    and nothing watches its call."""
+    return _is_unhooked(module, kind) and not _global_module_hooks()
+
+
+def _is_unhooked(module: nn.Module, kind: type[nn.Module]) -> bool:
+    """`_is_bare` without the global hooks (asked once for many modules)."""
     return (
         type(module) is kind
-        and kind.forward is _TORCH_FORWARDS[kind]
+        and kind.forward is _PLAIN_FORWARDS[kind]
         and not module._forward_hooks
         and not module._forward_pre_hooks
         and not module._backward_hooks
         and not module._backward_pre_hooks
-        and not nn.modules.module._global_forward_hooks
-        and not nn.modules.module._global_forward_pre_hooks
-        and not nn.modules.module._global_backward_hooks
-        and not nn.modules.module._global_backward_pre_hooks
         and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
+    )
+
+
+def _global_module_hooks() -> bool:
+    """Whether a hook registered for every module is in place (torch.nn.modules.module.register_module_*_hook)."""
+    return bool(
+        nn.modules.module._global_forward_hooks
+        or nn.modules.module._global_forward_pre_hooks
+        or nn.modules.module._global_backward_hooks
+        or nn.modules.module._global_backward_pre_hooks
     )
 
 
@@ -290,6 +302,11 @@ def _layer_norm(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     if _is_bare(module, nn.LayerNorm):
         return F.layer_norm(inputs, module.normalized_shape, module.weight, module.bias, module.eps)
     return module(inputs)
+
+
+def _dropout_acts(module: TxlDropout) -> bool:
+    """Whether `module` changes its inputs (training mode, p > 0: training, or MC dropout in an eval model)."""
+    return module.training and module.p > 0
 
 
 def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
@@ -398,52 +415,6 @@ class TxlRelativeAttention(nn.Module):
         projected = cached[2]
         return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
-    def _decode_one_row(
-        self,
-        hidden_states: torch.Tensor,
-        memory: LayerMemory,
-        positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        content_bias: torch.Tensor,
-        position_bias: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """`forward`'s result for one token at batch 1 whose memory keeps its keys and values, in float32 CPU
-        inference with the compiled kernels and bare modules: the products of one row and the one-query kernel,
-        without the choices `forward` makes for every other case (decoding pays for each call it makes, dozens
-        per layer and token). None where that does not apply: `forward` then goes its general way, which computes
-        the same values (tests compare them)."""
-        store, weight = memory.projection_store, self.qkv_proj.weight
-        if (
-            store is None
-            or memory.hidden is None
-            or self.training
-            or getattr(self.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
-            or not _one_row_inference(hidden_states, weight)
-            or weight.dtype != torch.float32
-            or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active()
-            or (mask is not None and mask.dtype != torch.bool)
-            or self.d_head % 8 != 0
-            or not (_is_bare_linear(self.o_proj) and _is_bare(self.layer_norm, nn.LayerNorm))
-            or (version := self.projection_version()) is None  # (also: the query-key-value projection is bare)
-            or not store.has_projections(version)
-            or compiled_operators() is None
-        ):
-            return None
-        context = _layer_norm(self.layer_norm, hidden_states) if self.pre_lnorm else hidden_states  # [1, 1, E]
-        qkv = one_row_linear(context, weight).view(1, 1, 3 * self.n_head, self.d_head).transpose(1, 2)
-        query, key, value = qkv.chunk(3, dim=1)  # [1, H, 1, D] each
-        key, value = store.append_projections(key, value)  # [1, H, K, D]
-        rel_key = self._relative_keys(positions)  # [H, K, D]
-        attn_output = compiled_one_query_attention(
-            query, key, value, rel_key, content_bias, position_bias, mask, scaling=self.scaling
-        )  # [1, H, 1, D]
-        attn_output = one_row_linear(attn_output.view(1, 1, -1), self.o_proj.weight, self.o_proj.bias)  # [1, 1, E]
-        attn_output = _dropout(self.dropout, attn_output)  # (a dropout module left in training mode, MC dropout)
-        if self.pre_lnorm:
-            return hidden_states + attn_output
-        return _layer_norm(self.layer_norm, hidden_states + attn_output)
-
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -460,14 +431,6 @@ class TxlRelativeAttention(nn.Module):
         `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden, or None; content_bias, position_bias (u, v) `[H, D]`.
         Returns the new hidden states `[B, Q, E]` and the probabilities `[B, H, Q, K]` (with `output_attentions`).
         """
-        if (
-            hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
-            and memory is not None
-            and not output_attentions
-            and (decoded := self._decode_one_row(hidden_states, memory, positions, mask, content_bias, position_bias))
-            is not None
-        ):
-            return decoded, None
         batch, q_len, _ = hidden_states.shape
         hidden_memory = None if memory is None else memory.hidden  # [B, M, E]
         store = None if memory is None else memory.projection_store
@@ -597,6 +560,9 @@ class TxlFeedForward(nn.Module):
         return _layer_norm(self.layer_norm, hidden_states + output)
 
 
+_PLAIN_FORWARDS.update({TxlRelativeAttention: TxlRelativeAttention.forward, TxlFeedForward: TxlFeedForward.forward})
+
+
 class TxlLayer(GradientCheckpointingLayer):
     """One Transformer-XL layer: relative attention over `[memory; segment]`, then the feed-forward sub-layer."""
 
@@ -616,10 +582,81 @@ class TxlLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same arguments and results as `TxlRelativeAttention.forward`, through the feed-forward sub-layer too."""
+        if (
+            hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
+            and memory is not None
+            and not output_attentions
+            and (decoded := self._decode_one_row(hidden_states, memory, positions, mask, content_bias, position_bias))
+            is not None
+        ):
+            return decoded, None
         hidden_states, attn_weights = self.attention(
             hidden_states, memory, positions, mask, content_bias, position_bias, output_attentions
         )
         return self.ffn(hidden_states), attn_weights
+
+    def _decode_one_row(
+        self,
+        hidden_states: torch.Tensor,
+        memory: LayerMemory,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        content_bias: torch.Tensor,
+        position_bias: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """`forward`'s result for one token at batch 1 whose memory keeps its keys and values, in float32 CPU
+        inference with the compiled kernels, bare modules and no dropout: the whole layer in one call of the compiled
+        `decode_layer` (the products, the one-query attention, the norms and residuals), instead of the dozen
+        operator calls and the choices `forward` makes for every other case (decoding pays for each, per layer and
+        token). None where that does not apply: `forward` then goes its general way, which computes the same values
+        (tests compare them)."""
+        store = memory.projection_store
+        attention, ffn = self.attention, self.ffn
+        qkv_proj, o_proj, attn_norm = attention.qkv_proj, attention.o_proj, attention.layer_norm
+        up_proj, down_proj, ffn_norm = ffn.up_proj, ffn.down_proj, ffn.layer_norm
+        if (
+            store is None
+            or memory.hidden is None
+            or self.training
+            or getattr(attention.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
+            or hidden_states.dtype != torch.float32
+            or not _one_row_inference(hidden_states, qkv_proj.weight)
+            or torch.jit.is_tracing()
+            or torch._C._are_functorch_transforms_active()
+            or (mask is not None and (mask.dtype != torch.bool or mask.numel() != mask.shape[-1]))
+            or attention.d_head % 8 != 0
+            or _global_module_hooks()
+            or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward))
+            or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
+            or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
+            or _dropout_acts(attention.dropout)
+            or _dropout_acts(ffn.dropout)
+            or (version := attention.projection_version()) is None
+            or not store.has_projections(version)
+            or (operators := compiled_operators()) is None
+        ):
+            return None
+        norms = (attn_norm.weight, attn_norm.bias, ffn_norm.weight, ffn_norm.bias)
+        products = (qkv_proj.weight, o_proj.weight, o_proj.bias, up_proj.weight, up_proj.bias)
+        products += (down_proj.weight, down_proj.bias)
+        if any(tensor is None for tensor in norms) or not all(
+            tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
+            for tensor in (*products, *norms, content_bias, position_bias)
+        ):
+            return None
+        qkv_weight, o_weight, o_bias, up_weight, up_bias, down_weight, down_bias = products
+        rel_key = attention._relative_keys(positions)  # [H, K, D]
+        key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
+        output = operators.decode_layer(
+            hidden_states.reshape(-1),
+            *(qkv_weight, key, value, rel_key, content_bias, position_bias),
+            None if mask is None else mask.reshape(1, -1),
+            attention.scaling,
+            *(o_weight, o_bias, *norms[:2], attn_norm.eps),
+            *(up_weight, up_bias, down_weight, down_bias, *norms[2:], ffn_norm.eps),
+            attention.pre_lnorm,
+        )
+        return output.view(hidden_states.shape)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
