@@ -800,7 +800,7 @@ def test_one_row_linear_equals_f_linear(out_features, bias):
     ("out_features", "in_features"), [(13, 100), (4096, 1024), (1, 33), (1000, 64), (67, 16), (40, 100), (35, 129)]
 )
 def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features):
-    """The compiled matrix-vector kernel (each thread streaming its rows, four at a time, then one at a time; the
+    """The compiled matrix-vector kernel (each thread streaming its rows, eight at a time, then one at a time; the
     inputs in vectors, then a tail; rows of at most 128 inputs sixteen at a time, a partial last vector masked):
     F.linear within float32 rounding, with a bias and without."""
     operators = compiled_operators()

@@ -808,29 +808,27 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
 }
 
 // Rows [begin, end) of y = w x + b (b may be null) for a row-major weight w [out, I]: a contiguous range of rows
-// streamed four at a time (eight independent sums), the row of inputs staying in L1; short rows sixteen at a time.
+// streamed eight at a time (eight independent sums; eight streams in flight read faster than four, and than fewer:
+// docs/performance.md), the row of inputs staying in L1; short rows sixteen at a time.
 inline void linear_rows(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
                         int64_t end) {
   using V = Wide;
-  constexpr int R = 4;
+  constexpr int R = 8;
   int64_t o = begin;
 #if defined(__AVX512F__)
   if (I <= kShortRow) o = short_rows_linear(w, x, b, y, I, begin, end);
 #endif
   for (; o + R <= end; o += R) {
-    V acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
+    V acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = V::zero();
     const float* rows = w + o * I;
     int64_t i = 0;
-    for (; i + 2 * V::W <= I; i += 2 * V::W) {
-      const V x0 = V::load(x + i), x1 = V::load(x + i + V::W);
-      for (int r = 0; r < R; ++r) {
-        acc[r][0] = fma(V::load(rows + r * I + i), x0, acc[r][0]);
-        acc[r][1] = fma(V::load(rows + r * I + i + V::W), x1, acc[r][1]);
-      }
+    for (; i + V::W <= I; i += V::W) {
+      const V xi = V::load(x + i);
+      for (int r = 0; r < R; ++r) acc[r] = fma(V::load(rows + r * I + i), xi, acc[r]);
     }
     for (int r = 0; r < R; ++r) {
-      float sum = (acc[r][0] + acc[r][1]).sum();
+      float sum = acc[r].sum();
       for (int64_t t = i; t < I; ++t) sum += rows[r * I + t] * x[t];
       y[o + r] = b == nullptr ? sum : sum + b[o + r];
     }
@@ -842,9 +840,9 @@ inline void linear_rows(const float* w, const float* x, const float* b, float* y
 }
 
 // A linear layer for one row (decoding at batch 1): output[o] = weight[o] . input (+ bias[o]) for a row-major weight
-// [out, in]. Bound by reading the weight: each thread streams a contiguous range of its rows, four at a time (eight
-// independent sums), the row of inputs staying in L1. BLAS's matrix-vector product reads such a weight at half the
-// memory's rate on some CPUs and near it on others (docs/performance.md); this reads it the same way everywhere.
+// [out, in]. Bound by reading the weight: each thread streams a contiguous range of its rows (`linear_rows`). BLAS's
+// matrix-vector product reads such a weight at half the memory's rate on some CPUs and near it on others
+// (docs/performance.md); this reads it the same way everywhere.
 at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu() && input.scalar_type() == at::kFloat &&
                   weight.scalar_type() == at::kFloat && input.is_contiguous() && weight.is_contiguous() &&
