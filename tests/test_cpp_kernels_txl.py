@@ -77,6 +77,7 @@ def test_compiled_attention_equals_eager(kernel, batch, q_len, mem_len, head_dim
         (3, 23, 16, "padding"),
         (2, 30, 64, "hidden"),  # sequence 0 sees no key: the mean of its values
         (3, 12, 24, "same_length"),
+        (1, 20, 136, "none"),  # a head wider than 64: the values in two passes, the second of one register
     ],
 )
 def test_compiled_one_query_attention_equals_eager(kernel, batch, mem_len, head_dim, mask_kind):

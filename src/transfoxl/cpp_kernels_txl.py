@@ -743,9 +743,10 @@ inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride
   // (every key hidden: all scores equal, a uniform average, as eager's)
   const float sum = exponentiate(scores, K, row_maximum(scores, K));
   const __m256 inverse = _mm256_set1_ps(1.0f / sum);
-  for (int64_t c = 0; c < D; c += 32) {  // up to four registers of the output at a time
-    const int chunks = static_cast<int>(std::min<int64_t>(4, (D - c) / 8));
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t c = 0; c < D; c += 64) {  // up to eight registers of the output at a time: one pass for D <= 64
+    const int chunks = static_cast<int>(std::min<int64_t>(8, (D - c) / 8));
+    __m256 acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
     for (j = 0; j < K; ++j) {
       if (c == 0) prefetch_row(v_bh + (j + kRowsAhead) * value_stride, D);
       const __m256 p = _mm256_broadcast_ss(&scores[j]);
