@@ -897,6 +897,65 @@ def test_the_fused_decoding_layer_equals_the_general_path(monkeypatch, variant):
         torch.testing.assert_close(kept, general, rtol=0, atol=1e-6)
 
 
+def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypatch):
+    """A feed-forward sub-layer switched to training on its own (its dropout module left in eval) still drops out in
+    the general path (its flag decides): the fused step must not be taken for it, and the logits are the general
+    path's, dropout masks included."""
+    from transfoxl import modeling_txl
+
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(dropout=0.5)
+    for layer in model.transformer.layers:
+        layer.ffn.train()
+        layer.ffn.dropout.eval()
+    ids = covering_ids(model.config.vocab_size, batch=1, length=8)
+    taken, original = [], modeling_txl.TxlLayer._decode_one_row
+    monkeypatch.setattr(
+        modeling_txl.TxlLayer, "_decode_one_row", lambda self, *args: taken.append(original(self, *args)) or taken[-1]
+    )
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            memory = model(ids[:, :5], use_cache=True).past_key_values
+            results.append(torch.cat([model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(5, 8)]))
+    assert taken and not any(result is not None for result in taken)
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
+def test_an_interrupted_fused_decoding_step_leaves_the_memory_as_it_was(monkeypatch):
+    """The fused step makes room for the token's key and value before the kernel writes them; an exception there (an
+    interrupt) leaves the memory's keys and values as they were, so a full memory does not keep an entry never
+    written: the next token decodes as if the interrupted one had never been fed."""
+    from transfoxl import modeling_txl
+
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(mem_len=4)
+    ids = covering_ids(model.config.vocab_size, batch=1, length=9)
+    with torch.no_grad():
+        memory = model(ids[:, :8], use_cache=True).past_key_values  # full: 4 of 8 positions kept
+        expected = model(ids[:, 8:], past_key_values=copy.deepcopy(memory)).logits
+        before = [(layer._keys.value.clone(), layer._values.value.clone()) for layer in memory.layers]
+
+        class Interrupting:
+            def __getattr__(self, name):
+                if name == "decode_layer":
+                    raise KeyboardInterrupt
+                return getattr(compiled_operators(), name)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(modeling_txl, "compiled_operators", lambda: Interrupting())
+            with pytest.raises(KeyboardInterrupt):
+                model(ids[:, 7:8], past_key_values=memory)
+        for layer, (keys, values) in zip(memory.layers, before):
+            assert torch.equal(layer._keys.value, keys) and torch.equal(layer._values.value, values)
+        torch.testing.assert_close(model(ids[:, 8:], past_key_values=memory).logits, expected, rtol=0, atol=1e-6)
+
+
 def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkeypatch):
     """Training only v (bias tuning) with frozen weights: the queries need no gradient but the position bias does,
     so a long segment must not go by query blocks (their out= passes refuse autograd); eager's gradients."""

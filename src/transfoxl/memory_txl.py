@@ -175,6 +175,7 @@ class TxlMemoryLayer(CacheLayerMixin):
         self._hidden = SlidingWindow(dim=1, max_len=mem_len)  # [B, M, E]
         self._keys = SlidingWindow(dim=2, max_len=mem_len)  # [B, H, M, D], inference only
         self._values = SlidingWindow(dim=2, max_len=mem_len)
+        self._projections = (self._keys, self._values)
         self.projection_version: tuple | None = None  # the weights that made _keys / _values
 
     @property
@@ -224,6 +225,16 @@ class TxlMemoryLayer(CacheLayerMixin):
         if keys.requires_grad or values.requires_grad:  # (inference needs no detached views)
             keys, values = keys.detach(), values.detach()
         return self._keys.append(keys), self._values.append(values)
+
+    def projection_state(self) -> tuple:
+        """What `restore_projection_state` needs to undo appends of keys and values (no copy)."""
+        return tuple((window.buffer, window.start, window.end, window.shared_version) for window in self._projections)
+
+    def restore_projection_state(self, state: tuple) -> None:
+        """The kept keys and values as they were at `projection_state()` (an append may have moved them to a new
+        buffer: the old one is unchanged)."""
+        for window, (buffer, start, end, shared_version) in zip(self._projections, state):
+            window.buffer, window.start, window.end, window.shared_version = buffer, start, end, shared_version
 
     def append_projection_room(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Room for one more position's key and value, for a caller that writes them itself

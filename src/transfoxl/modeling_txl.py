@@ -382,7 +382,10 @@ class TxlRelativeAttention(nn.Module):
         weights = [self.qkv_proj.weight]
         if self.pre_lnorm:
             weights += [self.layer_norm.weight, self.layer_norm.bias]
-        return (*((weight.data_ptr(), weight._version) for weight in weights), self._training_phases)
+        return (
+            *((weight.data_ptr(), weight._version) for weight in weights if weight is not None),
+            self._training_phases,
+        )
 
     def _forget_inference_results(self) -> None:
         """Drop what inference kept from the weights (they may change now without a new version, see __init__)."""
@@ -618,6 +621,8 @@ class TxlLayer(GradientCheckpointingLayer):
             store is None
             or memory.hidden is None
             or self.training
+            or attention.training  # (a sub-layer switched to training on its own: the general path follows its flag)
+            or ffn.training
             or getattr(attention.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
             or hidden_states.dtype != torch.float32
             or not _one_row_inference(hidden_states, qkv_proj.weight)
@@ -646,16 +651,21 @@ class TxlLayer(GradientCheckpointingLayer):
             return None
         qkv_weight, o_weight, o_bias, up_weight, up_bias, down_weight, down_bias = products
         rel_key = attention._relative_keys(positions)  # [H, K, D]
+        saved = store.projection_state()
         key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
-        output = operators.decode_layer(
-            hidden_states.reshape(-1),
-            *(qkv_weight, key, value, rel_key, content_bias, position_bias),
-            None if mask is None else mask.reshape(1, -1),
-            attention.scaling,
-            *(o_weight, o_bias, *norms[:2], attn_norm.eps),
-            *(up_weight, up_bias, down_weight, down_bias, *norms[2:], ffn_norm.eps),
-            attention.pre_lnorm,
-        )
+        try:
+            output = operators.decode_layer(
+                hidden_states.reshape(-1),
+                *(qkv_weight, key, value, rel_key, content_bias, position_bias),
+                None if mask is None else mask.reshape(1, -1),
+                attention.scaling,
+                *(o_weight, o_bias, *norms[:2], attn_norm.eps),
+                *(up_weight, up_bias, down_weight, down_bias, *norms[2:], ffn_norm.eps),
+                attention.pre_lnorm,
+            )
+        except BaseException:  # (an interrupt): the memory as it was, not with an entry never written
+            store.restore_projection_state(saved)
+            raise
         return output.view(hidden_states.shape)
 
 
