@@ -17,6 +17,7 @@ from tests.utils import run_fresh_python
 from tools import bench_decode, bench_speed, machine
 from tools.configs import CONFIGS, model_config
 from transfoxl import TxlConfig
+from transfoxl.cpp_kernels_txl import compiled_operators
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +124,19 @@ def test_quick_run_profile(quick_run: Path) -> None:
         assert entry["section_calls_per_step"]["model forward"] == 1  # one forward per decode step
         assert entry["section_calls_per_step"]["layer"] == CONFIGS["tiny"]["n_layer"]
         sections = entry["sections_ms_per_step"]
-        assert sections["model forward"] >= sections["stack"] >= sections["layer"] >= sections["attention"] > 0
-        assert entry["operators"] and all(op["name"].startswith("aten::") for op in entry["operators"])
+        assert sections["model forward"] >= sections["stack"] >= sections["layer"] > 0
+        assert entry["operators"] and all(op["name"].startswith(("aten::", "transfoxl_")) for op in entry["operators"])
         assert entry["python_functions"] and entry["python_cumulative"]
+    # GPT-2's attention is labelled; transfoxl's is not (a hook on it would turn the fused decoding step off), and
+    # the fused step ran: its compiled kernel is among the profile's operators
+    assert profile["gpt2"]["sections_ms_per_step"]["attention"] > 0
+    assert profile["transfoxl"]["section_calls_per_step"]["attention"] == 0
+    assert any(op["name"].endswith("::decode_layer") for op in profile["transfoxl"]["operators"]) or (
+        compiled_operators() is None
+    )
     text = (quick_run / "decode.profile.md").read_text()
-    assert "| aten operators' own time / calls per step |" in text and "### GPT-2 (KV cache)" in text
+    assert "| operators' own time / calls per step (aten and compiled kernels) |" in text
+    assert "### GPT-2 (KV cache)" in text and "- (inside the layer)" in text
 
 
 def test_outputs_of_a_single_part(quick_run: Path) -> None:
