@@ -849,8 +849,8 @@ def test_the_fused_decoding_layer_equals_the_general_path(monkeypatch, variant):
     """A token decoded at batch 1 with kept keys and values takes `TxlLayer._decode_one_row` (the compiled
     `decode_layer`) in every layer (post-LN and pre-LN, shared or own biases, clamped distances, a memory that outgrows
     mem_len, a masked memory with same_length): the same logits and memory as the general path of `forward`, step
-    after step. Where it does not apply (dropout modules switched back on in an eval model, as MC dropout does; a
-    float64 model) it is not taken, and the results are the general path's."""
+    after step, and the eager reference's logits. Where it does not apply (dropout modules switched back on in an
+    eval model, as MC dropout does; a float64 model) it is not taken, and the results are the general path's."""
     from transfoxl import modeling_txl
 
     if compiled_operators() is None:
@@ -895,6 +895,9 @@ def test_the_fused_decoding_layer_equals_the_general_path(monkeypatch, variant):
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
     for kept, general in zip(fast_memory, expected_memory):
         torch.testing.assert_close(kept, general, rtol=0, atol=1e-6)
+    model.config._attn_implementation = "eager"  # the readable reference, term by term (never fused)
+    eager, _ = decode(fused=True)
+    torch.testing.assert_close(fast, eager, rtol=0, atol=1e-5)
 
 
 def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypatch):
