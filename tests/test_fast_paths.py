@@ -929,34 +929,58 @@ def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypat
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
-def test_an_interrupted_fused_decoding_step_leaves_the_memory_as_it_was(monkeypatch):
-    """The fused step makes room for the token's key and value before the kernel writes them; an exception there (an
-    interrupt) leaves the memory's keys and values as they were, so a full memory does not keep an entry never
-    written: the next token decodes as if the interrupted one had never been fed."""
+@pytest.mark.parametrize("where", ["fused step", "general path", "segment", "training"])
+def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
+    """A forward cut short (here an interrupt in the last layer, after the first layer updated its memory) leaves
+    every layer's hidden states, keys and values, the padding and the token record as they were: a full memory does
+    not keep half a step (or, in the fused step, a key and value never written), and the next token decodes as if
+    the interrupted call had never been made. In the fused decoding step, the general path, a segment of several
+    tokens, and a training forward."""
     from transfoxl import modeling_txl
 
-    if compiled_operators() is None:
+    if where == "fused step" and compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     model = tiny_lm(mem_len=4)
-    ids = covering_ids(model.config.vocab_size, batch=1, length=9)
+    assert model.config.n_layer == 2
+    ids = covering_ids(model.config.vocab_size, batch=1, length=12)
+    interrupted = ids[:, 8:11] if where in ("segment", "training") else ids[:, 8:9]
     with torch.no_grad():
         memory = model(ids[:, :8], use_cache=True).past_key_values  # full: 4 of 8 positions kept
-        expected = model(ids[:, 8:], past_key_values=copy.deepcopy(memory)).logits
-        before = [(layer._keys.value.clone(), layer._values.value.clone()) for layer in memory.layers]
+    expected = model(ids[:, 11:], past_key_values=copy.deepcopy(memory)).logits
+    before = copy.deepcopy(memory)
+    calls = []
 
-        class Interrupting:
-            def __getattr__(self, name):
-                if name == "decode_layer":
-                    raise KeyboardInterrupt
-                return getattr(compiled_operators(), name)
+    def interrupt_the_last_layer(original):
+        def wrapped(self, *args, **kwargs):
+            calls.append(self)
+            if len(calls) == model.config.n_layer:
+                raise KeyboardInterrupt
+            return original(self, *args, **kwargs)
 
-        with monkeypatch.context() as patch:
-            patch.setattr(modeling_txl, "compiled_operators", lambda: Interrupting())
-            with pytest.raises(KeyboardInterrupt):
-                model(ids[:, 7:8], past_key_values=memory)
-        for layer, (keys, values) in zip(memory.layers, before):
-            assert torch.equal(layer._keys.value, keys) and torch.equal(layer._values.value, values)
-        torch.testing.assert_close(model(ids[:, 8:], past_key_values=memory).logits, expected, rtol=0, atol=1e-6)
+        return wrapped
+
+    with monkeypatch.context() as patch:
+        if where == "fused step":
+            patch.setattr(
+                modeling_txl.TxlLayer,
+                "_decode_one_row",
+                interrupt_the_last_layer(modeling_txl.TxlLayer._decode_one_row),
+            )
+        else:
+            patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
+            patch.setattr(
+                modeling_txl.TxlFeedForward, "forward", interrupt_the_last_layer(modeling_txl.TxlFeedForward.forward)
+            )
+        with pytest.raises(KeyboardInterrupt), torch.set_grad_enabled(where == "training"):
+            model.train(where == "training")(interrupted, past_key_values=memory, use_cache=True)
+    model.eval()
+    assert len(calls) == model.config.n_layer
+    for layer, kept in zip(memory.layers, before.layers):
+        for window in ("_hidden", "_keys", "_values"):
+            now, then = getattr(layer, window).value, getattr(kept, window).value
+            assert (now is None) == (then is None) and (now is None or torch.equal(now, then)), window
+    assert memory.seen_tokens == before.seen_tokens and torch.equal(memory._token_ids.value, before._token_ids.value)
+    torch.testing.assert_close(model(ids[:, 11:], past_key_values=memory).logits, expected, rtol=0, atol=1e-6)
 
 
 def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkeypatch):

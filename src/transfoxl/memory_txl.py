@@ -58,6 +58,14 @@ class SlidingWindow:
             kept = self.value
             self.buffer, self.start, self.end, self.shared_version = kept.clone(), 0, kept.shape[self.dim], None
 
+    def state(self) -> tuple:
+        """What `restore` needs to undo later appends and replacements (no copy: entries written are never
+        overwritten, and a buffer replaced is left as it was)."""
+        return self.buffer, self.start, self.end, self.shared_version
+
+    def restore(self, state: tuple) -> None:
+        self.buffer, self.start, self.end, self.shared_version = state
+
     def __deepcopy__(self, memo: dict) -> SlidingWindow:
         """A window of its own: the kept entries copied into a buffer of exactly their size (a tensor kept without a
         copy is copied too, so the copy's version check starts afresh)."""
@@ -175,7 +183,6 @@ class TxlMemoryLayer(CacheLayerMixin):
         self._hidden = SlidingWindow(dim=1, max_len=mem_len)  # [B, M, E]
         self._keys = SlidingWindow(dim=2, max_len=mem_len)  # [B, H, M, D], inference only
         self._values = SlidingWindow(dim=2, max_len=mem_len)
-        self._projections = (self._keys, self._values)
         self.projection_version: tuple | None = None  # the weights that made _keys / _values
 
     @property
@@ -226,22 +233,22 @@ class TxlMemoryLayer(CacheLayerMixin):
             keys, values = keys.detach(), values.detach()
         return self._keys.append(keys), self._values.append(values)
 
-    def projection_state(self) -> tuple:
-        """What `restore_projection_state` needs to undo appends of keys and values (no copy)."""
-        return tuple((window.buffer, window.start, window.end, window.shared_version) for window in self._projections)
-
-    def restore_projection_state(self, state: tuple) -> None:
-        """The kept keys and values as they were at `projection_state()` (an append may have moved them to a new
-        buffer: the old one is unchanged)."""
-        for window, (buffer, start, end, shared_version) in zip(self._projections, state):
-            window.buffer, window.start, window.end, window.shared_version = buffer, start, end, shared_version
-
     def append_projection_room(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Room for one more position's key and value, for a caller that writes them itself
         (`decode_layer`): `[B, H, M + 1, D]` views of the kept keys and values whose last entry is not written yet.
         Only where `has_projections`."""
         like = self._keys.value.narrow(2, 0, 1)  # (the shape, type and device of one entry: nothing is copied)
         return self._keys.append(like, write=False), self._values.append(like, write=False)
+
+    def state(self) -> tuple:
+        """What `restore_state` needs to put this layer's memory back as it is now (no copy)."""
+        return self._hidden.state(), self._keys.state(), self._values.state(), self.projection_version
+
+    def restore_state(self, state: tuple) -> None:
+        hidden, keys, values, self.projection_version = state
+        self._hidden.restore(hidden)
+        self._keys.restore(keys)
+        self._values.restore(values)
 
     def drop_projections(self) -> None:
         self._keys.replace(None)
@@ -311,7 +318,8 @@ class TxlMemory(Cache):
     - Everything it holds is detached: gradients never flow into earlier segments (truncated back-propagation).
     - A forward with `use_cache=True` (and `generate()`) updates it **in place** and returns the same object: after a
       segment of Q tokens it holds the last `min(M + Q, mem_len)` positions. Older states fall off the front and cannot
-      come back, so `crop` refuses to remove anything.
+      come back, so `crop` refuses to remove anything. A forward cut short (an interrupt, an error) leaves it as it
+      was before the call (`state` / `restore_state`).
     - An empty memory (`M = 0`) starts a new stream; `reset()` empties it. `mem_len = 0` keeps nothing.
     - Batch operations for generation (`reorder_cache` for beam search, `batch_repeat_interleave`,
       `batch_select_indices`) apply to every tensor it holds.
@@ -445,6 +453,19 @@ class TxlMemory(Cache):
         count = min(kept.shape[1], seen)
         matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])
         return seen if matches else 0
+
+    def state(self) -> tuple:
+        """What `restore_state` needs to put the memory back as it is now (no copy): the model takes it before a
+        forward updates the memory and restores it if the forward is cut short."""
+        layers = tuple(layer.state() for layer in self.layers)
+        return layers, self._padding.state(), self._token_ids.state(), self.seen_tokens
+
+    def restore_state(self, state: tuple) -> None:
+        layers, padding, token_ids, self.seen_tokens = state
+        for layer, layer_state in zip(self.layers, layers):
+            layer.restore_state(layer_state)
+        self._padding.restore(padding)
+        self._token_ids.restore(token_ids)
 
     def reset(self) -> None:
         super().reset()

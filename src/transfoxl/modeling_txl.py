@@ -659,21 +659,16 @@ class TxlLayer(GradientCheckpointingLayer):
             return None
         qkv_weight, o_weight, o_bias, up_weight, up_bias, down_weight, down_bias = products
         rel_key = attention._relative_keys(positions)  # [H, K, D]
-        saved = store.projection_state()
         key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
-        try:
-            output = operators.decode_layer(
-                hidden_states.reshape(-1),
-                *(qkv_weight, key, value, rel_key, content_bias, position_bias),
-                None if mask is None else mask.reshape(1, -1),
-                attention.scaling,
-                *(o_weight, o_bias, *norms[:2], attn_norm.eps),
-                *(up_weight, up_bias, down_weight, down_bias, *norms[2:], ffn_norm.eps),
-                attention.pre_lnorm,
-            )
-        except BaseException:  # (an interrupt): the memory as it was, not with an entry never written
-            store.restore_projection_state(saved)
-            raise
+        output = operators.decode_layer(
+            hidden_states.reshape(-1),
+            *(qkv_weight, key, value, rel_key, content_bias, position_bias),
+            None if mask is None else mask.reshape(1, -1),
+            attention.scaling,
+            *(o_weight, o_bias, *norms[:2], attn_norm.eps),
+            *(up_weight, up_bias, down_weight, down_bias, *norms[2:], ffn_norm.eps),
+            attention.pre_lnorm,
+        )  # (an exception on the way: TxlModel.forward puts the memory back as it was, this entry included)
         return output.view(hidden_states.shape)
 
 
@@ -1222,32 +1217,43 @@ class TxlModel(TxlPreTrainedModel):
 
         # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.
         keep_projections = use_cache and not self.training and not torch.is_grad_enabled()
-        if use_cache:
-            memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
-            memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
-        layer_inputs, attentions = [], []
-        memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
-        untie_r = self.config.untie_r  # read once: a config attribute costs a microsecond or two, per layer and token
-        for layer, memory_layer in zip(self.layers, memory_layers):
-            layer_inputs.append(hidden_states)
-            attention = layer.attention
-            content_bias = attention.content_bias if untie_r else self.content_bias
-            position_bias = attention.position_bias if untie_r else self.position_bias
-            layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
-            hidden_states, attn_weights = layer(
-                layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
-            )
-            attentions.append(attn_weights)
-            if use_cache and keep_projections:  # after the layer has read its memory; outside it for checkpointing
-                memory_layer.update(layer_inputs[-1])
-        if use_cache and not keep_projections:
-            # Training: after the last layer, as a copy made between a layer's activations outlives them and splits
-            # the space they free (peak RSS, docs/performance.md). Layer inputs the model made and returns to no one
-            # may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input without dropout).
-            callers = None if input_ids is not None else inputs_embeds
-            for memory_layer, layer_input in zip(memory_layers, layer_inputs):
-                memory_layer.drop_projections()
-                memory_layer.update(layer_input, private=not output_hidden_states and layer_input is not callers)
+        # A forward cut short (an interrupt, an out-of-memory error) leaves the memory as it was, not with some layers
+        # or positions updated and others not, which later segments would attend to as if a stream had made it.
+        saved = memory.state() if use_cache and not torch.compiler.is_compiling() else None
+        try:
+            if use_cache:
+                memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
+                memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
+            layer_inputs, attentions = [], []
+            memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
+            untie_r = (
+                self.config.untie_r
+            )  # read once: a config attribute costs a microsecond or two, per layer and token
+            for layer, memory_layer in zip(self.layers, memory_layers):
+                layer_inputs.append(hidden_states)
+                attention = layer.attention
+                content_bias = attention.content_bias if untie_r else self.content_bias
+                position_bias = attention.position_bias if untie_r else self.position_bias
+                layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
+                hidden_states, attn_weights = layer(
+                    layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
+                )
+                attentions.append(attn_weights)
+                if use_cache and keep_projections:  # after the layer has read its memory; outside it for checkpointing
+                    memory_layer.update(layer_inputs[-1])
+            if use_cache and not keep_projections:
+                # Training: after the last layer, as a copy made between a layer's activations outlives them and
+                # splits the space they free (peak RSS, docs/performance.md). Layer inputs the model made and returns
+                # to no one may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input
+                # without dropout).
+                callers = None if input_ids is not None else inputs_embeds
+                for memory_layer, layer_input in zip(memory_layers, layer_inputs):
+                    memory_layer.drop_projections()
+                    memory_layer.update(layer_input, private=not output_hidden_states and layer_input is not callers)
+        except BaseException:
+            if saved is not None:
+                memory.restore_state(saved)
+            raise
         hidden_states = _dropout(self.dropout, hidden_states)
 
         output = BaseModelOutputWithPast(
