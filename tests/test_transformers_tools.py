@@ -186,6 +186,26 @@ def test_peft_all_linear_merges_to_the_adapter_models_outputs():
     assert not torch.allclose(adapter_logits, tiny_lm()(ids).logits, atol=1e-3)  # the adapter did change something
 
 
+@pytest.mark.parametrize("target", ["qkv_proj", "o_proj", "up_proj", "down_proj"])
+def test_an_adapted_model_decodes_at_batch_one_as_its_merged_weights(target):
+    """Decoding one token at batch 1 takes the fused layer step for bare layers only; with a LoRA adapter on any of
+    a layer's products the layer goes its general way (the adapter's own call), and greedy generate() scores every
+    step as the merged model does (which takes the fused step)."""
+    peft = pytest.importorskip("peft")
+    model = tiny_lm(mem_len=8)
+    model.config._attn_implementation = "sdpa"
+    prompt = random_ids(1, 5)
+    config = peft.LoraConfig(target_modules=[target], r=4, init_lora_weights=False)
+    adapted = peft.get_peft_model(model, config).eval()
+    settings = {"max_new_tokens": 6, "min_new_tokens": 6, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        adapter_run = adapted.generate(input_ids=prompt, **settings)
+        merged_run = adapted.merge_and_unload().generate(prompt, **settings)
+    assert torch.equal(adapter_run.sequences, merged_run.sequences)
+    for adapter_scores, merged_scores in zip(adapter_run.scores, merged_run.scores):
+        torch.testing.assert_close(adapter_scores, merged_scores, rtol=0, atol=1e-4)
+
+
 def test_an_adapter_change_is_seen_by_a_memory_that_keeps_projections():
     """In inference the memory keeps its keys and values, keyed on the projection's weight. An adapter's weights are
     not that weight, so nothing is kept for a wrapped projection: after the adapter changes, a memory that went

@@ -621,27 +621,31 @@ class TxlLayer(GradientCheckpointingLayer):
         (tests compare them)."""
         store = memory.projection_store
         # The sub-modules and parameters from their registries: what attribute access returns for them, without
-        # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token).
+        # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token); each read
+        # only once its module is known to be the model's own kind (an adapter has other children and parameters).
         attention, ffn = self._modules["attention"], self._modules["ffn"]
-        qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
-        up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
         if (
             store is None
             or memory.hidden is None
             or self.training
-            or attention.training  # (a sub-layer switched to training on its own: the general path follows its flag)
-            or ffn.training
-            or getattr(attention.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
             or hidden_states.dtype != torch.float32
+            or _global_module_hooks()
+            or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward))
+        ):
+            return None
+        qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
+        up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
+        if (
+            attention.training  # (a sub-layer switched to training on its own: the general path follows its flag)
+            or ffn.training
+            or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
+            or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
+            or getattr(attention.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
             or not _one_row_inference(hidden_states, qkv_proj._parameters["weight"])
             or torch.jit.is_tracing()
             or torch._C._are_functorch_transforms_active()
             or (mask is not None and (mask.dtype != torch.bool or mask.numel() != mask.shape[-1]))
             or attention.d_head % 8 != 0
-            or _global_module_hooks()
-            or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward))
-            or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
-            or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
             or _dropout_acts(attention._modules["dropout"])
             or _dropout_acts(ffn._modules["dropout"])
             or (version := attention.projection_version()) is None
