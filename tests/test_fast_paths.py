@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
-from tests.utils import tiny_lm
+from tests.utils import tiny_config, tiny_lm
 from tools.configs import model_config
 from transfoxl import TxlConfig, TxlForCausalLM, kernels_txl
 from transfoxl.cpp_kernels_txl import compiled_operators
@@ -929,13 +929,13 @@ def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypat
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("where", ["fused step", "general path", "segment", "training"])
+@pytest.mark.parametrize("where", ["fused step", "general path", "segment", "training", "output head", "labels"])
 def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
-    """A forward cut short (here an interrupt in the last layer, after the first layer updated its memory) leaves
-    every layer's hidden states, keys and values, the padding and the token record as they were: a full memory does
-    not keep half a step (or, in the fused step, a key and value never written), and the next token decodes as if
-    the interrupted call had never been made. In the fused decoding step, the general path, a segment of several
-    tokens, and a training forward."""
+    """A forward cut short (an interrupt in the last layer, after the first layer updated its memory; in the output
+    head, after every layer did; a label check that fails after the layers ran) leaves every layer's hidden states,
+    keys and values, the padding and the token record as they were: a full memory does not keep half a step (or, in
+    the fused step, a key and value never written), and the next token decodes as if the interrupted call had never
+    been made. In the fused decoding step, the general path, a segment of several tokens, a training forward."""
     from transfoxl import modeling_txl
 
     if where == "fused step" and compiled_operators() is None:
@@ -959,6 +959,11 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
 
         return wrapped
 
+    def interrupt(*args, **kwargs):
+        calls.extend([None] * model.config.n_layer)
+        raise KeyboardInterrupt
+
+    labels = None
     with monkeypatch.context() as patch:
         if where == "fused step":
             patch.setattr(
@@ -966,13 +971,19 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
                 "_decode_one_row",
                 interrupt_the_last_layer(modeling_txl.TxlLayer._decode_one_row),
             )
+        elif where == "output head":
+            patch.setattr(modeling_txl.TxlAdaptiveLogSoftmax, "forward", interrupt)
+        elif where == "labels":
+            labels = torch.full_like(interrupted, -100)  # nothing to compute a loss on: refused after the layers
+            calls.extend([None] * model.config.n_layer)
         else:
             patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
             patch.setattr(
                 modeling_txl.TxlFeedForward, "forward", interrupt_the_last_layer(modeling_txl.TxlFeedForward.forward)
             )
-        with pytest.raises(KeyboardInterrupt), torch.set_grad_enabled(where == "training"):
-            model.train(where == "training")(interrupted, past_key_values=memory, use_cache=True)
+        raised = ValueError if where == "labels" else KeyboardInterrupt
+        with pytest.raises(raised), torch.set_grad_enabled(where == "training"):
+            model.train(where == "training")(interrupted, past_key_values=memory, use_cache=True, labels=labels)
     model.eval()
     assert len(calls) == model.config.n_layer
     for layer, kept in zip(memory.layers, before.layers):
@@ -981,6 +992,41 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
             assert (now is None) == (then is None) and (now is None or torch.equal(now, then)), window
     assert memory.seen_tokens == before.seen_tokens and torch.equal(memory._token_ids.value, before._token_ids.value)
     torch.testing.assert_close(model(ids[:, 11:], past_key_values=memory).logits, expected, rtol=0, atol=1e-6)
+
+
+def test_an_interrupted_first_forward_leaves_a_zero_memory_empty(monkeypatch):
+    """memory_init="zeros" fills a new stream's memory with zeros before its first segment; if that forward is cut
+    short, the memory the caller passed is empty again, as it was."""
+    from transfoxl import TxlMemory, modeling_txl
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    model = tiny_lm(memory_init="zeros", mem_len=4)
+    memory = TxlMemory.from_config(model.config)
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_txl.TxlAdaptiveLogSoftmax, "forward", interrupt)
+        with pytest.raises(KeyboardInterrupt), torch.no_grad():
+            model(covering_ids(97, batch=1, length=3), past_key_values=memory, use_cache=True)
+    assert memory.get_seq_length() == 0 and memory.seen_tokens == 0
+
+
+def test_a_classification_forward_refused_after_its_layers_leaves_the_memory_as_it_was():
+    """The sequence classification head checks its labels after the layers ran (and updated the memory); the error
+    leaves the memory as it was."""
+    from transfoxl import TxlForSequenceClassification
+
+    torch.manual_seed(0)
+    model = TxlForSequenceClassification(tiny_config(num_labels=3, mem_len=4)).eval()
+    ids = covering_ids(97, batch=1, length=9)
+    with torch.no_grad():
+        memory = model(ids[:, :6], use_cache=True).past_key_values
+        before = copy.deepcopy(memory)
+        with pytest.raises(ValueError, match="num_labels"):
+            model(ids[:, 6:], past_key_values=memory, use_cache=True, labels=torch.tensor([7]))
+    assert memory.seen_tokens == before.seen_tokens
+    for layer, kept in zip(memory.layers, before.layers):
+        assert torch.equal(layer.hidden, kept.hidden)
 
 
 def test_query_blocks_are_not_taken_when_a_position_term_needs_a_gradient(monkeypatch):

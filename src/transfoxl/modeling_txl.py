@@ -32,6 +32,7 @@ transformers and each other, relatively, so `save_pretrained` copies them all in
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -326,6 +327,28 @@ def _inference_caches_apply(projection: nn.Module) -> bool:
     an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export), where
     tensors have no storage to identify."""
     return _is_plain_linear(projection) and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+
+
+def _memory_kept_on_error(forward):
+    """Wraps a model's `forward(input_ids, past_key_values, ...)`: when it raises (an interrupt, an out-of-memory
+    error, a label check after the layers ran), the memory passed in is put back as it was before the call
+    (`TxlMemory.state`, no copy), rather than left with some layers or positions updated and others not, which later
+    segments would attend to as if a stream had made it. Nothing to restore where no memory is passed (a new one is
+    made), while tracing (a graph keeps no Python state), or for a memory of an older copy of memory_txl.py."""
+
+    @functools.wraps(forward)
+    def kept_on_error(self, *args, **kwargs):
+        memory = kwargs["past_key_values"] if "past_key_values" in kwargs else args[1] if len(args) > 1 else None
+        if memory is None or torch.compiler.is_compiling() or not hasattr(memory, "restore_state"):
+            return forward(self, *args, **kwargs)
+        saved = memory.state()
+        try:
+            return forward(self, *args, **kwargs)
+        except BaseException:
+            memory.restore_state(saved)
+            raise
+
+    return kept_on_error
 
 
 class TxlRelativeAttention(nn.Module):
@@ -627,6 +650,7 @@ class TxlLayer(GradientCheckpointingLayer):
         if (
             store is None
             or memory.hidden is None
+            or not hasattr(store, "append_projection_room")  # (a memory of an older copy of memory_txl.py)
             or self.training
             or hidden_states.dtype != torch.float32
             or _global_module_hooks()
@@ -1151,6 +1175,7 @@ class TxlModel(TxlPreTrainedModel):
             segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
         return torch.cat([memory_padding.to(device), segment_padding], dim=1)
 
+    @_memory_kept_on_error
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1221,43 +1246,32 @@ class TxlModel(TxlPreTrainedModel):
 
         # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.
         keep_projections = use_cache and not self.training and not torch.is_grad_enabled()
-        # A forward cut short (an interrupt, an out-of-memory error) leaves the memory as it was, not with some layers
-        # or positions updated and others not, which later segments would attend to as if a stream had made it.
-        saved = memory.state() if use_cache and not torch.compiler.is_compiling() else None
-        try:
-            if use_cache:
-                memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
-                memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
-            layer_inputs, attentions = [], []
-            memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
-            untie_r = (
-                self.config.untie_r
-            )  # read once: a config attribute costs a microsecond or two, per layer and token
-            for layer, memory_layer in zip(self.layers, memory_layers):
-                layer_inputs.append(hidden_states)
-                attention = layer.attention
-                content_bias = attention.content_bias if untie_r else self.content_bias
-                position_bias = attention.position_bias if untie_r else self.position_bias
-                layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
-                hidden_states, attn_weights = layer(
-                    layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
-                )
-                attentions.append(attn_weights)
-                if use_cache and keep_projections:  # after the layer has read its memory; outside it for checkpointing
-                    memory_layer.update(layer_inputs[-1])
-            if use_cache and not keep_projections:
-                # Training: after the last layer, as a copy made between a layer's activations outlives them and
-                # splits the space they free (peak RSS, docs/performance.md). Layer inputs the model made and returns
-                # to no one may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input
-                # without dropout).
-                callers = None if input_ids is not None else inputs_embeds
-                for memory_layer, layer_input in zip(memory_layers, layer_inputs):
-                    memory_layer.drop_projections()
-                    memory_layer.update(layer_input, private=not output_hidden_states and layer_input is not callers)
-        except BaseException:
-            if saved is not None:
-                memory.restore_state(saved)
-            raise
+        if use_cache:
+            memory.update_padding(segment_padding, batch=batch, q_len=q_len, memory_length=mem_len_now)
+            memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
+        layer_inputs, attentions = [], []
+        memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
+        untie_r = self.config.untie_r  # read once: a config attribute costs a microsecond or two, per layer and token
+        for layer, memory_layer in zip(self.layers, memory_layers):
+            layer_inputs.append(hidden_states)
+            attention = layer.attention
+            content_bias = attention.content_bias if untie_r else self.content_bias
+            position_bias = attention.position_bias if untie_r else self.position_bias
+            layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
+            hidden_states, attn_weights = layer(
+                layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
+            )
+            attentions.append(attn_weights)
+            if use_cache and keep_projections:  # after the layer has read its memory; outside it for checkpointing
+                memory_layer.update(layer_inputs[-1])
+        if use_cache and not keep_projections:
+            # Training: after the last layer, as a copy made between a layer's activations outlives them and splits
+            # the space they free (peak RSS, docs/performance.md). Layer inputs the model made and returns to no one
+            # may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input without dropout).
+            callers = None if input_ids is not None else inputs_embeds
+            for memory_layer, layer_input in zip(memory_layers, layer_inputs):
+                memory_layer.drop_projections()
+                memory_layer.update(layer_input, private=not output_hidden_states and layer_input is not callers)
         hidden_states = _dropout(self.dropout, hidden_states)
 
         output = BaseModelOutputWithPast(
@@ -1317,6 +1331,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         softmax.bounds[-1] = new_num_tokens
         softmax.shortlist_size = softmax.bounds[1]
 
+    @_memory_kept_on_error
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1528,6 +1543,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         self.score = nn.Linear(config.d_model, config.num_labels, bias=False)
         self.post_init()
 
+    @_memory_kept_on_error
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
