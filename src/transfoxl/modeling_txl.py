@@ -319,7 +319,7 @@ def _dropout_acts(module: TxlDropout) -> bool:
 def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
     """`module(inputs)`, skipped when it would return `inputs` unchanged (evaluation, p = 0): decoding a token
     would otherwise spend a module call per sub-layer on nothing."""
-    return module(inputs) if module.training and module.p > 0 else inputs
+    return module(inputs) if _dropout_acts(module) else inputs
 
 
 def _inference_caches_apply(projection: nn.Module) -> bool:
