@@ -758,9 +758,8 @@ inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride
 }
 
 // One query per sequence (decoding): query [B, H, 1, D]; key, value [B, H, K, D]; rel_key [H, K, D]; the biases
-// [H, D]; mask [B or 1, K] bool (True = hidden) or none. A single query needs no shift (its relative key j is row j),
-// and no transposition: each row of the keys, relative keys and values is read once, in place, 8 keys per step.
-// Returns [B, H, 1, D].
+// [H, D]; mask [B or 1, K] bool (True = hidden) or none. A single query needs no shift (its relative key j is row j)
+// and no transposition: `one_query_head` for each (sequence, head). Returns [B, H, 1, D].
 at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                         const at::Tensor& rel_key, const at::Tensor& content_bias,
                                         const at::Tensor& position_bias, const std::optional<at::Tensor>& mask,
