@@ -122,16 +122,17 @@ def test_quick_run_profile(quick_run: Path) -> None:
         entry = profile[impl]
         assert entry["steps"] == 4
         assert entry["section_calls_per_step"]["model forward"] == 1  # one forward per decode step
-        assert entry["section_calls_per_step"]["layer"] == CONFIGS["tiny"]["n_layer"]
+        # (transfoxl's layers are not labelled: a hook on them would turn off the model's fused decoding step)
+        assert entry["section_calls_per_step"]["layer"] == (CONFIGS["tiny"]["n_layer"] if impl == "gpt2" else 0)
         sections = entry["sections_ms_per_step"]
-        assert sections["model forward"] >= sections["stack"] >= sections["layer"] > 0
+        assert sections["model forward"] >= sections["stack"] >= sections["layer"] >= 0 and sections["stack"] > 0
         assert entry["operators"] and all(op["name"].startswith(("aten::", "transfoxl_")) for op in entry["operators"])
         assert entry["python_functions"] and entry["python_cumulative"]
     # GPT-2's attention is labelled; transfoxl's is not (a hook on it would turn the fused decoding step off), and
     # the fused step ran: its compiled kernel is among the profile's operators
     assert profile["gpt2"]["sections_ms_per_step"]["attention"] > 0
     assert profile["transfoxl"]["section_calls_per_step"]["attention"] == 0
-    assert any(op["name"].endswith("::decode_layer") for op in profile["transfoxl"]["operators"]) or (
+    assert any(op["name"].endswith("::decode_layers") for op in profile["transfoxl"]["operators"]) or (
         compiled_operators() is None
     )
     text = (quick_run / "decode.profile.md").read_text()

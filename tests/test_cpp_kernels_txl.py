@@ -485,25 +485,30 @@ AVX2_CHECK = textwrap.dedent(
         expected = torch.nn.functional.linear(row, weight, bias)
         product = compiled_operators().row_linear(row, weight, bias)
         worst = max(worst, (product - expected).abs().max().item() / expected.abs().max().item())
-    # decoding's fused layer step (decode_layer) against the general path, post-LN and pre-LN
+    # decoding's fused steps (the model's decode_layers, each layer's decode_layer) against the general path, post-LN
+    # and pre-LN
     from tests.utils import tiny_lm
     from transfoxl import modeling_txl
 
-    fused_step, taken = modeling_txl.TxlLayer._decode_one_row, []
+    model_step, layer_step, taken = modeling_txl.TxlModel._decode_token, modeling_txl.TxlLayer._decode_one_row, []
+    off = lambda *args: None
     for pre_lnorm in (False, True):
         model = tiny_lm(pre_lnorm=pre_lnorm)
         ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
         results = []
-        for fused in (True, False):
+        for steps_on in ("model", "layer", None):
+            modeling_txl.TxlModel._decode_token = (
+                (lambda *args: taken.append(model_step(*args)) or taken[-1]) if steps_on == "model" else off
+            )
             modeling_txl.TxlLayer._decode_one_row = (
-                (lambda *args: taken.append(fused_step(*args)) or taken[-1]) if fused else (lambda *args: None)
+                (lambda *args: taken.append(layer_step(*args)) or taken[-1]) if steps_on == "layer" else off
             )
             with torch.no_grad():
                 memory = model(ids[:, :5], use_cache=True).past_key_values
                 steps = [model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 9)]
             results.append(torch.cat(steps, dim=1))
-        worst = max(worst, (results[0] - results[1]).abs().max().item())
-    assert taken and all(result is not None for result in taken)
+        worst = max(worst, *((fused - results[-1]).abs().max().item() for fused in results[:2]))
+    assert len(taken) == 2 * 4 * (1 + model.config.n_layer) and all(result is not None for result in taken)
     print(worst)
     """
 )
@@ -512,7 +517,8 @@ AVX2_CHECK = textwrap.dedent(
 def test_the_avx2_build_equals_eager(kernel, tmp_path):
     """On a CPU without AVX-512 the kernel is built for AVX2 (2-query tiles: 16 registers); here torch is told to
     dispatch as on such a CPU (ATEN_CPU_CAPABILITY=avx2), in a fresh process, and that build equals eager too (the
-    attention's forward, decoding and gradients; the one-row product; decoding's fused layer step)."""
+    attention's forward, decoding and gradients; the one-row product; decoding's fused steps, the model's and each
+    layer's)."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip("this machine's own build is the AVX2 one (the other tests run it)")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TRANSFOXL_KERNEL_CACHE": str(tmp_path / "kernels")}

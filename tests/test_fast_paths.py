@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_config, tiny_lm
 from tools.configs import model_config
-from transfoxl import TxlConfig, TxlForCausalLM, kernels_txl
+from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, kernels_txl
 from transfoxl.cpp_kernels_txl import compiled_operators
 from transfoxl.kernels_txl import dropout as kernel_dropout
 from transfoxl.kernels_txl import (
@@ -822,7 +822,7 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     through `one_row_linear`, and the logits equal those of the plain F.linear path."""
     from transfoxl import modeling_txl
 
-    monkeypatch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
+    _general_decoding(monkeypatch)
     calls = []
 
     def counting(*args, **kwargs):
@@ -844,15 +844,43 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, "same_length", "mc_dropout", "float64"])
-def test_the_fused_decoding_layer_equals_the_general_path(monkeypatch, variant):
-    """A token decoded at batch 1 with kept keys and values takes `TxlLayer._decode_one_row` (the compiled
-    `decode_layer`) in every layer (post-LN and pre-LN, shared or own biases, clamped distances, a memory that outgrows
-    mem_len, a masked memory with same_length): the same logits and memory as the general path of `forward`, step
-    after step, and the eager reference's logits. Where it does not apply (dropout modules switched back on in an
-    eval model, as MC dropout does; a float64 model) it is not taken, and the results are the general path's."""
+def _general_decoding(patch):
+    """Turns both fused decoding steps off: the model's one call for all layers and each layer's own."""
     from transfoxl import modeling_txl
 
+    patch.setattr(modeling_txl.TxlModel, "_decode_token", lambda *args: None)
+    patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
+
+
+def _counting_fused_steps(patch, taken: dict[str, list[bool]], *, model_step: bool = True):
+    """Records whether each call of the fused steps (`TxlModel._decode_token`: "model", `TxlLayer._decode_one_row`:
+    "layer") was taken; `model_step=False` turns the model's off, so that each layer's is what runs."""
+    from transfoxl import modeling_txl
+
+    for owner, name, key in (
+        (modeling_txl.TxlModel, "_decode_token", "model"),
+        (modeling_txl.TxlLayer, "_decode_one_row", "layer"),
+    ):
+        original = getattr(owner, name)
+
+        def counting(self, *args, original=original, key=key):
+            result = original(self, *args)
+            taken[key].append(result is not None)
+            return result
+
+        patch.setattr(owner, name, counting if model_step or key == "layer" else lambda *args: None)
+
+
+@pytest.mark.parametrize("step", ["model", "layer"])
+@pytest.mark.parametrize("variant", [*VARIANTS, "same_length", "mc_dropout", "float64"])
+def test_the_fused_decoding_steps_equal_the_general_path(monkeypatch, variant, step):
+    """A token decoded at batch 1 with kept keys and values takes the model's fused step (`TxlModel._decode_token`:
+    every layer in one call of the compiled `decode_layers`), or where that is off each layer's
+    (`TxlLayer._decode_one_row`, the compiled `decode_layer`), in post-LN and pre-LN, with shared or own biases,
+    clamped distances, a memory that outgrows mem_len, a masked memory with same_length: the same logits and memory
+    (hidden states, keys, values) as the general path of `forward`, step after step, and the eager reference's
+    logits. Where they do not apply (dropout modules switched back on in an eval model, as MC dropout does; a float64
+    model) neither is taken, and the results are the general path's."""
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     overrides = {
@@ -870,42 +898,81 @@ def test_the_fused_decoding_layer_equals_the_general_path(monkeypatch, variant):
     if variant == "float64":
         model.double()
     ids = covering_ids(model.config.vocab_size, batch=1, length=14)
-    taken, original = [], modeling_txl.TxlLayer._decode_one_row
+    taken = {"model": [], "layer": []}
 
-    def counting(self, *args):
-        result = original(self, *args)
-        taken.append(result is not None)
-        return result
-
-    def decode(fused: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def decode(fused: bool) -> tuple[torch.Tensor, TxlMemory]:
         with monkeypatch.context() as patch:
-            patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", counting if fused else lambda *args: None)
+            if fused:
+                _counting_fused_steps(patch, taken, model_step=step == "model")
+            else:
+                _general_decoding(patch)
             torch.manual_seed(0)  # (the same dropout masks for both, MC dropout)
             with torch.no_grad():
                 memory = model(ids[:, :5], use_cache=True).past_key_values
                 logits = [
                     model(ids[:, i : i + 1], past_key_values=memory, use_cache=True).logits for i in range(5, 14)
                 ]
-        return torch.cat(logits, dim=1), memory.to_legacy()
+        return torch.cat(logits, dim=1), memory
 
     fast, fast_memory = decode(fused=True)
     expected, expected_memory = decode(fused=False)
-    assert len(taken) == 9 * model.config.n_layer
-    assert all(taken) if variant not in ("mc_dropout", "float64") else not any(taken)
+    fusable = variant not in ("mc_dropout", "float64")
+    if step == "model":
+        assert taken["model"] == [fusable] * 9 and taken["layer"] == (
+            [] if fusable else [False] * 9 * model.config.n_layer
+        )
+    else:
+        assert taken["model"] == [] and taken["layer"] == [fusable] * 9 * model.config.n_layer
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
-    for kept, general in zip(fast_memory, expected_memory):
-        torch.testing.assert_close(kept, general, rtol=0, atol=1e-6)
+    for kept, general in zip(fast_memory.layers, expected_memory.layers):
+        for window in ("_hidden", "_keys", "_values"):
+            torch.testing.assert_close(getattr(kept, window).value, getattr(general, window).value, rtol=0, atol=1e-6)
     model.config._attn_implementation = "eager"  # the readable reference, term by term (never fused)
     eager, _ = decode(fused=True)
     torch.testing.assert_close(fast, eager, rtol=0, atol=1e-5)
+
+
+def test_decoding_with_hidden_states_or_a_hooked_layer_takes_each_layer_s_fused_step(monkeypatch):
+    """The model's one call for all layers is not taken where the caller asks for every layer's hidden states, or a
+    hook watches a layer (it must see the layer's call): each layer's fused step is, with the same logits and
+    hidden states as the general path, and the hook called for each token."""
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(mem_len=8)
+    model.config._attn_implementation = "sdpa"
+    ids = covering_ids(model.config.vocab_size, batch=1, length=9)
+    calls = []
+    model.transformer.layers[1].register_forward_hook(lambda *args: calls.append(1))
+    results = {}
+    for fused in (True, False):
+        taken = {"model": [], "layer": []}
+        with monkeypatch.context() as patch:
+            if fused:
+                _counting_fused_steps(patch, taken)
+            else:
+                _general_decoding(patch)
+            with torch.no_grad():
+                memory = model(ids[:, :6], use_cache=True).past_key_values
+                calls.clear()
+                outputs = [
+                    model(ids[:, i : i + 1], past_key_values=memory, output_hidden_states=i == 6) for i in range(6, 9)
+                ]
+        assert len(calls) == 3
+        results[fused] = outputs
+        if fused:
+            assert taken["model"] == [False, False]  # declined for the hook (not asked with output_hidden_states)
+            assert taken["layer"] == [True] * 3 * model.config.n_layer
+    for fast, general in zip(results[True], results[False]):
+        torch.testing.assert_close(fast.logits, general.logits, rtol=0, atol=1e-5)
+    assert len(results[True][0].hidden_states) == model.config.n_layer + 1
+    for fast, general in zip(results[True][0].hidden_states, results[False][0].hidden_states):
+        torch.testing.assert_close(fast, general, rtol=0, atol=1e-5)
 
 
 def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypatch):
     """A feed-forward sub-layer switched to training on its own (its dropout module left in eval) still drops out in
     the general path (its flag decides): the fused step must not be taken for it, and the logits are the general
     path's, dropout masks included."""
-    from transfoxl import modeling_txl
-
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     model = tiny_lm(dropout=0.5)
@@ -913,42 +980,47 @@ def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypat
         layer.ffn.train()
         layer.ffn.dropout.eval()
     ids = covering_ids(model.config.vocab_size, batch=1, length=8)
-    taken, original = [], modeling_txl.TxlLayer._decode_one_row
-    monkeypatch.setattr(
-        modeling_txl.TxlLayer, "_decode_one_row", lambda self, *args: taken.append(original(self, *args)) or taken[-1]
-    )
+    taken = {"model": [], "layer": []}
     results = []
     for fused in (True, False):
-        if not fused:
-            monkeypatch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
-        torch.manual_seed(0)
-        with torch.no_grad():
-            memory = model(ids[:, :5], use_cache=True).past_key_values
-            results.append(torch.cat([model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(5, 8)]))
-    assert taken and not any(result is not None for result in taken)
+        with monkeypatch.context() as patch:
+            if fused:
+                _counting_fused_steps(patch, taken)
+            else:
+                _general_decoding(patch)
+            torch.manual_seed(0)
+            with torch.no_grad():
+                memory = model(ids[:, :5], use_cache=True).past_key_values
+                steps = [model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(5, 8)]
+        results.append(torch.cat(steps))
+    assert taken["model"] == [False] * 3 and taken["layer"] and not any(taken["layer"])
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("where", ["fused step", "general path", "segment", "training", "output head", "labels"])
+@pytest.mark.parametrize(
+    "where", ["fused model step", "fused step", "general path", "segment", "training", "output head", "labels"]
+)
 def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
     """A forward cut short (an interrupt in the last layer, after the first layer updated its memory; in the output
     head, after every layer did; a label check that fails after the layers ran) leaves every layer's hidden states,
     keys and values, the padding and the token record as they were: a full memory does not keep half a step (or, in
     the fused step, a key and value never written), and the next token decodes as if the interrupted call had never
-    been made. In the fused decoding step, the general path, a segment of several tokens, a training forward."""
+    been made. In the fused decoding steps (the model's, interrupted after it made room in every layer's memory;
+    each layer's), the general path, a segment of several tokens, a training forward."""
     from transfoxl import modeling_txl
 
-    if where == "fused step" and compiled_operators() is None:
+    if where.startswith("fused") and compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     model = tiny_lm(mem_len=4)
+    model.config._attn_implementation = "sdpa"  # (the fused steps' implementation)
     assert model.config.n_layer == 2
     ids = covering_ids(model.config.vocab_size, batch=1, length=12)
     interrupted = ids[:, 8:11] if where in ("segment", "training") else ids[:, 8:9]
-    with torch.no_grad():
+    with torch.no_grad():  # (a forward with gradients would make the kept keys and values stale: no fused step)
         memory = model(ids[:, :8], use_cache=True).past_key_values  # full: 4 of 8 positions kept
-    expected = model(ids[:, 11:], past_key_values=copy.deepcopy(memory)).logits
+        expected = model(ids[:, 11:], past_key_values=copy.deepcopy(memory)).logits
     before = copy.deepcopy(memory)
-    calls = []
+    calls, taken = [], []
 
     def interrupt_the_last_layer(original):
         def wrapped(self, *args, **kwargs):
@@ -963,21 +1035,44 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
         calls.extend([None] * model.config.n_layer)
         raise KeyboardInterrupt
 
+    class InterruptedKernel:  # the compiled operators, but for the model's fused step
+        def __getattr__(self, name):
+            return getattr(compiled_operators(), name)
+
+        def decode_layers(self, *args):
+            assert all(now != then for now, then in zip(windows(memory), windows_before))  # (room made in each)
+            interrupt()
+
+    def windows(memory: TxlMemory) -> list[tuple]:
+        return [
+            (id(w.buffer), w.start, w.end)
+            for layer in memory.layers
+            for w in (layer._hidden, layer._keys, layer._values)
+        ]
+
+    windows_before = windows(memory)
+
     labels = None
     with monkeypatch.context() as patch:
-        if where == "fused step":
-            patch.setattr(
-                modeling_txl.TxlLayer,
-                "_decode_one_row",
-                interrupt_the_last_layer(modeling_txl.TxlLayer._decode_one_row),
-            )
+        if where == "fused model step":
+            patch.setattr(modeling_txl, "compiled_operators", InterruptedKernel)
+        elif where == "fused step":
+            patch.setattr(modeling_txl.TxlModel, "_decode_token", lambda *args: None)
+            fused_step = modeling_txl.TxlLayer._decode_one_row
+
+            def counted_fused_step(*args):
+                result = fused_step(*args)
+                taken.append(result is not None)
+                return result
+
+            patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", interrupt_the_last_layer(counted_fused_step))
         elif where == "output head":
             patch.setattr(modeling_txl.TxlAdaptiveLogSoftmax, "forward", interrupt)
         elif where == "labels":
             labels = torch.full_like(interrupted, -100)  # nothing to compute a loss on: refused after the layers
             calls.extend([None] * model.config.n_layer)
         else:
-            patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
+            _general_decoding(patch)
             patch.setattr(
                 modeling_txl.TxlFeedForward, "forward", interrupt_the_last_layer(modeling_txl.TxlFeedForward.forward)
             )
@@ -986,6 +1081,7 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
             model.train(where == "training")(interrupted, past_key_values=memory, use_cache=True, labels=labels)
     model.eval()
     assert len(calls) == model.config.n_layer
+    assert taken == ([True] if where == "fused step" else [])  # (the first layer's fused step ran)
     for layer, kept in zip(memory.layers, before.layers):
         for window in ("_hidden", "_keys", "_values"):
             now, then = getattr(layer, window).value, getattr(kept, window).value
@@ -1097,13 +1193,14 @@ HOOK_KINDS = [
 @pytest.mark.filterwarnings("ignore:For backward hooks to be called", "ignore:Full backward hook is firing")
 @pytest.mark.parametrize("kind", HOOK_KINDS)
 @pytest.mark.parametrize(
-    "module_name", ["attention.o_proj", "ffn.up_proj", "ffn.down_proj", "attention.layer_norm", "attention", "ffn"]
+    "module_name", ["attention.o_proj", "ffn.up_proj", "ffn.down_proj", "attention.layer_norm", "attention", "ffn", ""]
 )
 def test_linear_and_norm_layers_keep_their_module_call_when_watched(kind, module_name):
     """Bare linear and layer-norm layers are computed without their module call (it only costs time), and a decoded
-    token at batch 1 skips the sub-layers' calls too (the fused layer step); a module that a hook of any kind
-    watches, or whose forward is replaced (on the instance or the class), keeps its call: in training (forward and
-    backward) and when decoding a token at batch 1, with the same outputs."""
+    token at batch 1 skips the sub-layers' calls too (the fused layer step), and the layers' (the model's fused step);
+    a module (a layer: "") that a hook of any kind watches, or whose forward is replaced (on the instance or the
+    class), keeps its call: in training (forward and backward) and when decoding a token at batch 1, with the same
+    outputs."""
     model = tiny_lm(mem_len=8)
     module = model.transformer.layers[0].get_submodule(module_name)
     ids = covering_ids(97, batch=2, length=6)

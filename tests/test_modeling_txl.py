@@ -175,6 +175,34 @@ def test_sliding_window_keeps_the_latest_entries_and_moves_them_rarely():
     assert prompt.buffer.shape[1] == 512 + 64
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad", "made_in_inference_mode"])
+def test_room_appended_for_an_entry_is_append_without_the_write(mode):
+    """`SlidingWindow.append_room` (decoding's room for the entry the compiled step writes) keeps what
+    `append(entry)` would once the caller writes the entry: the last max_len entries in order, the room last in the
+    view it returns. Into the free room while there is some (the entries move once in a while), into a new buffer
+    with gradients on or for a buffer made under inference_mode outside it."""
+    from transfoxl.memory_txl import SlidingWindow
+
+    stream = torch.arange(40.0).view(1, 40, 1).expand(1, 40, 3).contiguous()
+    window = SlidingWindow(dim=1, max_len=7, room=4)
+    with torch.inference_mode() if "inference_mode" in mode else torch.no_grad():
+        window.append(stream[:, :5])  # a prompt: room for 4 more
+    appending = {"grad": torch.enable_grad, "inference_mode": torch.inference_mode}.get(mode, torch.no_grad)
+    moves, buffer = [], window.buffer
+    for position in range(5, 20):
+        with appending():
+            room = window.append_room()
+            room[:, -1] = stream[:, position]
+        moves.append(window.buffer is not buffer)
+        buffer = window.buffer
+        kept = stream[:, max(0, position - 6) : position + 1]
+        assert torch.equal(window.value, kept) and torch.equal(room[:, -kept.shape[1] :], kept)
+    if mode == "grad":
+        assert all(moves)
+    else:  # (a buffer made under inference_mode is left at once, for one of the process's own)
+        assert sum(moves) <= 4 + (mode == "made_in_inference_mode") and moves[0] == (mode == "made_in_inference_mode")
+
+
 @pytest.mark.parametrize("mode", ["no_grad", "grad", "train", "inference_mode"])
 def test_a_deep_copy_of_a_memory_continues_as_the_memory_would(mode):
     """A prompt's memory copied with copy.deepcopy (to continue it more than once) works as the original, whatever

@@ -557,11 +557,10 @@ def summarize_mid(runs: dict) -> dict:
 def profile_labels(impl: str, model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
     """The modules whose forwards the profile times, with the name each gets (the same for both models)."""
     if impl == "transfoxl":
-        # Not its attention and feed-forward modules: a hook on them would turn off the fused decoding step
-        # (TxlLayer._decode_one_row), which computes both in one compiled call without calling them.
+        # Not its layers, attention and feed-forward modules: a hook on them would turn off the fused decoding step
+        # (TxlModel._decode_token), which computes every layer in one compiled call without calling them.
         stack = model.transformer
         labelled = [(model, "model forward"), (stack, "stack"), (stack.word_embeddings, "embedding")]
-        labelled += [(layer, "layer") for layer in stack.layers]
         return [*labelled, (model.adaptive_softmax, "output head")]
     stack = model.transformer
     labelled = [(model, "model forward"), (stack, "stack"), (stack.wte, "embedding"), (stack.wpe, "embedding")]

@@ -881,47 +881,59 @@ inline std::pair<int64_t, int64_t> thread_share(int64_t n, int t, int T, int64_t
   return {begin, std::min<int64_t>(n, begin + per)};
 }
 
-inline const float* optional_data(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() && tensor->defined() ? tensor->data_ptr<float>() : nullptr;
-}
-
-// One layer of decoding for one token at batch 1 (TxlLayer in inference, dropout off), in one parallel region:
+// One layer of decoding for one token at batch 1 (TxlLayer in inference, dropout off):
 //   context = LN_a(x) (pre-LN) or x;  [q; k; v] = W_qkv context;  key[:, :, K-1] = k, value[:, :, K-1] = v
 //   a = one-query relative attention of q over key, value, rel_key (u, v biases, mask, scaling)
 //   post-LN: h = LN_a(x + W_o a + b_o);  out = LN_f(h + W_down relu(W_up h + b_up) + b_down)
 //   pre-LN:  h = x + W_o a + b_o;        out = h + W_down relu(W_up LN_f(h) + b_up) + b_down
-// The threads split each product's rows and the heads, with a barrier between steps, instead of a call (and a
-// fork and join) for each of the dozen operators a layer is otherwise made of. hidden: E floats; key, value
-// [1, H, K, D] whose last entry this writes (the memory's buffers, room made by the caller); rel_key [H, K, D];
-// mask [1, K] bool or none. Returns [E].
-at::Tensor decode_layer(const at::Tensor& hidden, const at::Tensor& qkv_weight, const at::Tensor& key,
-                        const at::Tensor& value, const at::Tensor& rel_key, const at::Tensor& content_bias,
-                        const at::Tensor& position_bias, const std::optional<at::Tensor>& mask, double scaling,
-                        const at::Tensor& o_weight, const std::optional<at::Tensor>& o_bias,
-                        const at::Tensor& attn_norm_weight, const at::Tensor& attn_norm_bias, double attn_norm_eps,
-                        const at::Tensor& up_weight, const std::optional<at::Tensor>& up_bias,
-                        const at::Tensor& down_weight, const std::optional<at::Tensor>& down_bias,
-                        const at::Tensor& ffn_norm_weight, const at::Tensor& ffn_norm_bias, double ffn_norm_eps,
-                        bool pre_lnorm) {
-  for (const at::Tensor* t : {&hidden, &qkv_weight, &key, &value, &rel_key, &content_bias, &position_bias, &o_weight,
+// The threads of one parallel region split each product's rows and the heads, with a barrier between steps, instead
+// of a call (and a fork and join) for each of the dozen operators a layer is otherwise made of.
+namespace {
+
+// One layer's weights and memory as `decode_layer_steps` reads them (checked by `checked_decode_layer`).
+struct DecodeLayer {
+  const float *w_qkv, *w_o, *w_up, *w_down, *b_o, *b_up, *b_down, *g_a, *s_a, *g_f, *s_f, *rel, *u, *v;
+  float *key, *value;
+  float* input_entry;  // where the layer's input is written (the memory's hidden states), or null
+  int64_t key_head, key_row, value_head, value_row, rel_head, rel_row;
+  int64_t H, K, D, E, inner;
+  float scale;
+  double attn_eps, ffn_eps;
+};
+
+inline const float* optional_data(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && tensor->defined() ? tensor->data_ptr<float>() : nullptr;
+}
+
+// `name`'s checks of one layer's tensors (those of decode_layer's signature; input_entry: [1, M, E] whose last entry
+// receives the layer's input, or none), and the layer as the steps read it.
+DecodeLayer checked_decode_layer(const char* name, int64_t E, const at::Tensor& qkv_weight, const at::Tensor& key,
+                                 const at::Tensor& value, const at::Tensor& rel_key, const at::Tensor& content_bias,
+                                 const at::Tensor& position_bias, double scaling, const at::Tensor& o_weight,
+                                 const std::optional<at::Tensor>& o_bias, const at::Tensor& attn_norm_weight,
+                                 const at::Tensor& attn_norm_bias, double attn_norm_eps, const at::Tensor& up_weight,
+                                 const std::optional<at::Tensor>& up_bias, const at::Tensor& down_weight,
+                                 const std::optional<at::Tensor>& down_bias, const at::Tensor& ffn_norm_weight,
+                                 const at::Tensor& ffn_norm_bias, double ffn_norm_eps,
+                                 const std::optional<at::Tensor>& input_entry) {
+  for (const at::Tensor* t : {&qkv_weight, &key, &value, &rel_key, &content_bias, &position_bias, &o_weight,
                               &attn_norm_weight, &attn_norm_bias, &up_weight, &down_weight, &ffn_norm_weight,
                               &ffn_norm_bias})
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat,
-                "decode_layer: float32 CPU tensors expected");
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat, name, ": float32 CPU tensors expected");
   for (const std::optional<at::Tensor>* t : {&o_bias, &up_bias, &down_bias})
     TORCH_CHECK(!(t->has_value() && (*t)->defined()) ||
                     ((*t)->device().is_cpu() && (*t)->scalar_type() == at::kFloat && (*t)->is_contiguous()),
-                "decode_layer: float32 CPU biases expected");
+                name, ": float32 CPU biases expected");
   TORCH_CHECK(key.dim() == 4 && key.size(0) == 1 && value.sizes() == key.sizes() && key.stride(3) == 1 &&
                   value.stride(3) == 1 && rel_key.dim() == 3 && rel_key.stride(2) == 1,
-              "decode_layer: key / value [1, H, K, D] and rel_key [H, K, D], last dimensions contiguous, expected");
-  const int64_t H = key.size(1), K = key.size(2), D = key.size(3), HD = H * D, E = hidden.numel();
+              name, ": key / value [1, H, K, D] and rel_key [H, K, D], last dimensions contiguous, expected");
+  const int64_t H = key.size(1), K = key.size(2), D = key.size(3), HD = H * D;
   const int64_t inner = up_weight.size(0);
-  TORCH_CHECK(hidden.is_contiguous() && qkv_weight.is_contiguous() && o_weight.is_contiguous() &&
-                  up_weight.is_contiguous() && down_weight.is_contiguous() && content_bias.is_contiguous() &&
-                  position_bias.is_contiguous() && attn_norm_weight.is_contiguous() &&
-                  attn_norm_bias.is_contiguous() && ffn_norm_weight.is_contiguous() && ffn_norm_bias.is_contiguous(),
-              "decode_layer: contiguous weights expected");
+  TORCH_CHECK(qkv_weight.is_contiguous() && o_weight.is_contiguous() && up_weight.is_contiguous() &&
+                  down_weight.is_contiguous() && content_bias.is_contiguous() && position_bias.is_contiguous() &&
+                  attn_norm_weight.is_contiguous() && attn_norm_bias.is_contiguous() &&
+                  ffn_norm_weight.is_contiguous() && ffn_norm_bias.is_contiguous(),
+              name, ": contiguous weights expected");
   TORCH_CHECK(K >= 1 && D % Vec::W == 0 && qkv_weight.dim() == 2 && qkv_weight.size(0) == 3 * HD &&
                   qkv_weight.size(1) == E && rel_key.size(0) == H && rel_key.size(1) == K && rel_key.size(2) == D &&
                   content_bias.numel() == HD && position_bias.numel() == HD && o_weight.dim() == 2 &&
@@ -931,82 +943,189 @@ at::Tensor decode_layer(const at::Tensor& hidden, const at::Tensor& qkv_weight, 
                   ffn_norm_bias.numel() == E && (!o_bias.has_value() || !o_bias->defined() || o_bias->numel() == E) &&
                   (!up_bias.has_value() || !up_bias->defined() || up_bias->numel() == inner) &&
                   (!down_bias.has_value() || !down_bias->defined() || down_bias->numel() == E),
-              "decode_layer: mismatched shapes");
-  const bool masked = mask.has_value() && mask->defined();
-  if (masked)
-    TORCH_CHECK(mask->dim() == 2 && mask->scalar_type() == at::kBool && mask->size(0) == 1 && mask->size(1) == K,
-                "decode_layer: mask [1, K] (bool) expected");
+              name, ": mismatched shapes");
+  const bool with_entry = input_entry.has_value() && input_entry->defined();
+  if (with_entry)
+    TORCH_CHECK(input_entry->device().is_cpu() && input_entry->scalar_type() == at::kFloat &&
+                    input_entry->dim() == 3 && input_entry->size(0) == 1 && input_entry->size(1) >= 1 &&
+                    input_entry->size(2) == E && input_entry->stride(2) == 1,
+                name, ": the layer inputs' memory [1, M, E] (last dimension contiguous) expected");
+  return DecodeLayer{
+      qkv_weight.data_ptr<float>(), o_weight.data_ptr<float>(), up_weight.data_ptr<float>(),
+      down_weight.data_ptr<float>(), optional_data(o_bias), optional_data(up_bias), optional_data(down_bias),
+      attn_norm_weight.data_ptr<float>(), attn_norm_bias.data_ptr<float>(), ffn_norm_weight.data_ptr<float>(),
+      ffn_norm_bias.data_ptr<float>(), rel_key.data_ptr<float>(), content_bias.data_ptr<float>(),
+      position_bias.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(),
+      with_entry ? input_entry->data_ptr<float>() + (input_entry->size(1) - 1) * input_entry->stride(1) : nullptr,
+      key.stride(1), key.stride(2), value.stride(1), value.stride(2), rel_key.stride(0), rel_key.stride(1),
+      H, K, D, E, inner, static_cast<float>(scaling), attn_norm_eps, ffn_norm_eps};
+}
+
+// The mask [1, K] (bool) a decoding step reads, or null.
+const bool* checked_decode_mask(const char* name, const std::optional<at::Tensor>& mask, int64_t K, int64_t* stride) {
+  *stride = 0;
+  if (!(mask.has_value() && mask->defined())) return nullptr;
+  TORCH_CHECK(mask->device().is_cpu() && mask->dim() == 2 && mask->scalar_type() == at::kBool && mask->size(0) == 1 &&
+                  mask->size(1) == K,
+              name, ": mask [1, K] (bool) expected");
+  *stride = mask->stride(1);
+  return mask->data_ptr<bool>();
+}
+
+// Scratch for `decode_layer_steps` (one buffer for all threads and layers of a call, sized for the largest layer).
+struct DecodeWork {
+  std::vector<float> data;
+  float *context, *qkv, *attended, *mid, *ffn_input, *projected, *hidden_units, *scratch;
+  int64_t head_scratch;
+  DecodeWork(int64_t E, int64_t HD, int64_t inner, int64_t D, int64_t K, int threads)
+      : data(4 * E + 4 * HD + inner + threads * (2 * D + K + Vec::W)), head_scratch(2 * D + K + Vec::W) {
+    context = data.data();        // [E] pre-LN's normed input
+    qkv = context + E;            // [3 HD]
+    attended = qkv + 3 * HD;      // [HD]
+    mid = attended + HD;          // [E] the attention sub-layer's output
+    ffn_input = mid + E;          // [E] pre-LN's normed mid
+    projected = ffn_input + E;    // [E] W_o a, then W_down relu(...)
+    hidden_units = projected + E;  // [inner]
+    scratch = hidden_units + inner;
+  }
+};
+
+// One layer's step, by thread t of the T threads of the enclosing parallel region (every thread calls it): reads x,
+// writes out (E floats each, not the same); ends with a barrier, after which `out` is complete.
+void decode_layer_steps(const DecodeLayer& L, const bool* hidden_keys, int64_t hidden_stride, bool pre_lnorm,
+                        const float* x, float* out, const DecodeWork& w, int t, int T) {
+  const int64_t H = L.H, K = L.K, D = L.D, E = L.E, HD = H * D;
+  if (L.input_entry != nullptr && t == 0) std::memcpy(L.input_entry, x, E * sizeof(float));  // (read by no one here)
+  if (pre_lnorm) {
+#pragma omp single
+    layer_norm_row(x, L.g_a, L.s_a, L.attn_eps, E, w.context);
+  }
+  const float* attention_input = pre_lnorm ? w.context : x;
+  auto [q0, q1] = thread_share(3 * HD, t, T, 16);
+  linear_rows(L.w_qkv, attention_input, nullptr, w.qkv, E, q0, q1);
+#pragma omp barrier
+  auto [h0, h1] = thread_share(H, t, T, 1);
+  for (int64_t h = h0; h < h1; ++h) {
+    float* k_h = L.key + h * L.key_head;
+    float* v_h = L.value + h * L.value_head;
+    std::memcpy(k_h + (K - 1) * L.key_row, w.qkv + HD + h * D, D * sizeof(float));
+    std::memcpy(v_h + (K - 1) * L.value_row, w.qkv + 2 * HD + h * D, D * sizeof(float));
+    one_query_head(w.qkv + h * D, k_h, L.key_row, v_h, L.value_row, L.rel + h * L.rel_head, L.rel_row, L.u + h * D,
+                   L.v + h * D, hidden_keys, hidden_stride, K, D, L.scale, w.scratch + t * w.head_scratch,
+                   w.attended + h * D);
+  }
+#pragma omp barrier
+  auto [e0, e1] = thread_share(E, t, T, 16);
+  linear_rows(L.w_o, w.attended, L.b_o, w.projected, HD, e0, e1);
+#pragma omp barrier
+#pragma omp single
+  {
+    for (int64_t i = 0; i < E; ++i) w.mid[i] = x[i] + w.projected[i];
+    if (pre_lnorm)
+      layer_norm_row(w.mid, L.g_f, L.s_f, L.ffn_eps, E, w.ffn_input);
+    else
+      layer_norm_row(w.mid, L.g_a, L.s_a, L.attn_eps, E, w.mid);
+  }
+  const float* ffn_in = pre_lnorm ? w.ffn_input : w.mid;
+  auto [i0, i1] = thread_share(L.inner, t, T, 16);
+  linear_rows(L.w_up, ffn_in, L.b_up, w.hidden_units, E, i0, i1);
+  for (int64_t i = i0; i < i1; ++i) w.hidden_units[i] = std::max(w.hidden_units[i], 0.0f);
+#pragma omp barrier
+  linear_rows(L.w_down, w.hidden_units, L.b_down, w.projected, L.inner, e0, e1);
+#pragma omp barrier
+#pragma omp single
+  {
+    for (int64_t i = 0; i < E; ++i) out[i] = w.mid[i] + w.projected[i];
+    if (!pre_lnorm) layer_norm_row(out, L.g_f, L.s_f, L.ffn_eps, E, out);
+  }
+}
+
+inline int decode_threads() { return at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads()); }
+
+}  // namespace
+
+// One layer's step (above) in one parallel region. hidden: E floats; key, value [1, H, K, D] whose last entry this
+// writes (the memory's buffers, room made by the caller); rel_key [H, K, D]; mask [1, K] bool or none. Returns [E].
+at::Tensor decode_layer(const at::Tensor& hidden, const at::Tensor& qkv_weight, const at::Tensor& key,
+                        const at::Tensor& value, const at::Tensor& rel_key, const at::Tensor& content_bias,
+                        const at::Tensor& position_bias, const std::optional<at::Tensor>& mask, double scaling,
+                        const at::Tensor& o_weight, const std::optional<at::Tensor>& o_bias,
+                        const at::Tensor& attn_norm_weight, const at::Tensor& attn_norm_bias, double attn_norm_eps,
+                        const at::Tensor& up_weight, const std::optional<at::Tensor>& up_bias,
+                        const at::Tensor& down_weight, const std::optional<at::Tensor>& down_bias,
+                        const at::Tensor& ffn_norm_weight, const at::Tensor& ffn_norm_bias, double ffn_norm_eps,
+                        bool pre_lnorm) {
+  TORCH_CHECK(hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "decode_layer: a contiguous float32 CPU hidden state expected");
+  const int64_t E = hidden.numel();
+  const DecodeLayer layer = checked_decode_layer(
+      "decode_layer", E, qkv_weight, key, value, rel_key, content_bias, position_bias, scaling, o_weight, o_bias,
+      attn_norm_weight, attn_norm_bias, attn_norm_eps, up_weight, up_bias, down_weight, down_bias, ffn_norm_weight,
+      ffn_norm_bias, ffn_norm_eps, std::nullopt);
+  int64_t hidden_stride;
+  const bool* hidden_keys = checked_decode_mask("decode_layer", mask, layer.K, &hidden_stride);
   auto output = at::empty({E}, hidden.options());
+  const int threads = decode_threads();
+  const DecodeWork work(E, layer.H * layer.D, layer.inner, layer.D, layer.K, threads);
   const float* x = hidden.data_ptr<float>();
   float* out = output.data_ptr<float>();
-  const float *w_qkv = qkv_weight.data_ptr<float>(), *w_o = o_weight.data_ptr<float>();
-  const float *w_up = up_weight.data_ptr<float>(), *w_down = down_weight.data_ptr<float>();
-  const float *b_o = optional_data(o_bias), *b_up = optional_data(up_bias), *b_down = optional_data(down_bias);
-  const float *g_a = attn_norm_weight.data_ptr<float>(), *s_a = attn_norm_bias.data_ptr<float>();
-  const float *g_f = ffn_norm_weight.data_ptr<float>(), *s_f = ffn_norm_bias.data_ptr<float>();
-  float *key_data = key.data_ptr<float>(), *value_data = value.data_ptr<float>();
-  const float* rel_data = rel_key.data_ptr<float>();
-  const float *u = content_bias.data_ptr<float>(), *v = position_bias.data_ptr<float>();
-  const bool* hidden_keys = masked ? mask->data_ptr<bool>() : nullptr;
-  const int64_t hidden_stride = masked ? mask->stride(1) : 0;
-  const float scale = static_cast<float>(scaling);
+#pragma omp parallel num_threads(threads)
+  decode_layer_steps(layer, hidden_keys, hidden_stride, pre_lnorm, x, out, work, omp_get_thread_num(),
+                     omp_get_num_threads());
+  return output;
+}
 
-  const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
-  const int64_t head_scratch = 2 * D + K + Vec::W;
-  std::vector<float> work(4 * E + 4 * HD + inner + threads * head_scratch);
-  float* context = work.data();  // [E] pre-LN's normed input
-  float* qkv = context + E;      // [3 HD]
-  float* attended = qkv + 3 * HD;  // [HD]
-  float* mid = attended + HD;    // [E] the attention sub-layer's output
-  float* ffn_input = mid + E;    // [E] pre-LN's normed mid
-  float* projected = ffn_input + E;  // [E] W_o a, then W_down relu(...)
-  float* hidden_units = projected + E;  // [inner]
-  float* scratch = hidden_units + inner;
-
+// Every layer of the model for one token at batch 1, in one parallel region: `decode_layer` for each in turn, each
+// layer's input also written into the last entry of its `input_entry` (the memory's hidden states, room made by the
+// caller), instead of a call per layer and the Python around it. `layers`: kDecodeLayerTensors tensors per layer, in
+// the order of the constants below (biases may be None); `scalars`: scaling, attn_norm_eps, ffn_norm_eps per
+// layer. Every layer's keys share the mask [1, K] (or none). Returns the last layer's output [E].
+constexpr int64_t kDecodeLayerTensors = 17;
+at::Tensor decode_layers(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& layers,
+                         const std::optional<at::Tensor>& mask, at::ArrayRef<double> scalars, bool pre_lnorm) {
+  TORCH_CHECK(hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "decode_layers: a contiguous float32 CPU hidden state expected");
+  const int64_t count = static_cast<int64_t>(layers.size()) / kDecodeLayerTensors;
+  TORCH_CHECK(count >= 1 && static_cast<int64_t>(layers.size()) == count * kDecodeLayerTensors &&
+                  static_cast<int64_t>(scalars.size()) == 3 * count,
+              "decode_layers: ", kDecodeLayerTensors, " tensors and 3 scalars per layer expected");
+  const int64_t E = hidden.numel();
+  std::vector<std::optional<at::Tensor>> tensors(layers.begin(), layers.end());
+  auto required = [&](int64_t i) -> const at::Tensor& {
+    TORCH_CHECK(tensors[i].has_value() && tensors[i]->defined(), "decode_layers: tensor ", i % kDecodeLayerTensors,
+                " of layer ", i / kDecodeLayerTensors, " missing");
+    return *tensors[i];
+  };
+  std::vector<DecodeLayer> steps;
+  int64_t HD = 0, inner = 0, D = 0;
+  for (int64_t l = 0; l < count; ++l) {
+    const int64_t i = l * kDecodeLayerTensors;
+    steps.push_back(checked_decode_layer(
+        "decode_layers", E, required(i + 1), required(i + 2), required(i + 3), required(i + 4), required(i + 5),
+        required(i + 6), scalars[3 * l], required(i + 7), tensors[i + 8], required(i + 9), required(i + 10),
+        scalars[3 * l + 1], required(i + 11), tensors[i + 12], required(i + 13), tensors[i + 14], required(i + 15),
+        required(i + 16), scalars[3 * l + 2], required(i)));
+    TORCH_CHECK(steps.back().K == steps.front().K, "decode_layers: every layer's memory of the same length expected");
+    HD = std::max(HD, steps.back().H * steps.back().D);
+    inner = std::max(inner, steps.back().inner);
+    D = std::max(D, steps.back().D);
+  }
+  int64_t hidden_stride;
+  const bool* hidden_keys = checked_decode_mask("decode_layers", mask, steps.front().K, &hidden_stride);
+  auto output = at::empty({E}, hidden.options());
+  const int threads = decode_threads();
+  const DecodeWork work(E, HD, inner, D, steps.front().K, threads);
+  std::vector<float> between(2 * E);  // the layers' outputs, alternating
+  const float* x0 = hidden.data_ptr<float>();
+  float* out = output.data_ptr<float>();
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    if (pre_lnorm) {
-#pragma omp single
-      layer_norm_row(x, g_a, s_a, attn_norm_eps, E, context);
-    }
-    const float* attention_input = pre_lnorm ? context : x;
-    auto [q0, q1] = thread_share(3 * HD, t, T, 16);
-    linear_rows(w_qkv, attention_input, nullptr, qkv, E, q0, q1);
-#pragma omp barrier
-    auto [h0, h1] = thread_share(H, t, T, 1);
-    for (int64_t h = h0; h < h1; ++h) {
-      float* k_h = key_data + h * key.stride(1);
-      float* v_h = value_data + h * value.stride(1);
-      std::memcpy(k_h + (K - 1) * key.stride(2), qkv + HD + h * D, D * sizeof(float));
-      std::memcpy(v_h + (K - 1) * value.stride(2), qkv + 2 * HD + h * D, D * sizeof(float));
-      one_query_head(qkv + h * D, k_h, key.stride(2), v_h, value.stride(2), rel_data + h * rel_key.stride(0),
-                     rel_key.stride(1), u + h * D, v + h * D, hidden_keys, hidden_stride, K, D, scale,
-                     scratch + t * head_scratch, attended + h * D);
-    }
-#pragma omp barrier
-    auto [e0, e1] = thread_share(E, t, T, 16);
-    linear_rows(w_o, attended, b_o, projected, HD, e0, e1);
-#pragma omp barrier
-#pragma omp single
-    {
-      for (int64_t i = 0; i < E; ++i) mid[i] = x[i] + projected[i];
-      if (pre_lnorm)
-        layer_norm_row(mid, g_f, s_f, ffn_norm_eps, E, ffn_input);
-      else
-        layer_norm_row(mid, g_a, s_a, attn_norm_eps, E, mid);
-    }
-    const float* ffn_in = pre_lnorm ? ffn_input : mid;
-    auto [i0, i1] = thread_share(inner, t, T, 16);
-    linear_rows(w_up, ffn_in, b_up, hidden_units, E, i0, i1);
-    for (int64_t i = i0; i < i1; ++i) hidden_units[i] = std::max(hidden_units[i], 0.0f);
-#pragma omp barrier
-    linear_rows(w_down, hidden_units, b_down, projected, inner, e0, e1);
-#pragma omp barrier
-#pragma omp single
-    {
-      for (int64_t i = 0; i < E; ++i) out[i] = mid[i] + projected[i];
-      if (!pre_lnorm) layer_norm_row(out, g_f, s_f, ffn_norm_eps, E, out);
+    const float* x = x0;
+    for (int64_t l = 0; l < count; ++l) {
+      float* y = l + 1 == count ? out : between.data() + (l % 2) * E;
+      decode_layer_steps(steps[l], hidden_keys, hidden_stride, pre_lnorm, x, y, work, t, T);
+      x = y;
     }
   }
   return output;
@@ -1136,6 +1255,7 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor attn_norm_weight, Tensor attn_norm_bias, float attn_norm_eps, Tensor up_weight, Tensor? up_bias, "
         "Tensor down_weight, Tensor? down_bias, Tensor ffn_norm_weight, Tensor ffn_norm_bias, float ffn_norm_eps, "
         "bool pre_lnorm) -> Tensor");
+  m.def("decode_layers(Tensor hidden, Tensor(a!)?[] layers, Tensor? mask, float[] scalars, bool pre_lnorm) -> Tensor");
   m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
   m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");
   m.def("dropout_training_backward(Tensor grad_output, Tensor saved, float scale) -> Tensor");
@@ -1147,6 +1267,7 @@ TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("relative_attention_score_grad", &relative_attention_score_grad);
   m.impl("row_linear", &row_linear);
   m.impl("decode_layer", &decode_layer);
+  m.impl("decode_layers", &decode_layers);
   m.impl("dropout_training_forward", &dropout_training_forward);
   m.impl("relu_dropout_training_forward", &relu_dropout_training_forward);
   m.impl("dropout_training_backward", &dropout_training_backward);
@@ -1251,6 +1372,7 @@ OPERATORS = (
     "relative_attention_score_grad",
     "row_linear",
     "decode_layer",
+    "decode_layers",
     "dropout_training_forward",
     "relu_dropout_training_forward",
     "dropout_training_backward",

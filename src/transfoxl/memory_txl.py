@@ -123,6 +123,24 @@ class SlidingWindow:
         self.start = max(self.start, self.end - self.max_len)
         return full
 
+    def append_room(self) -> torch.Tensor:
+        """`append(entry, write=False)` for one entry like the kept ones (at least one): the kept entries and the new
+        one's room, for a caller that writes it itself. Without making the entry when there is room (decoding asks
+        three times per layer and token)."""
+        buffer = self.buffer
+        if (
+            buffer is None
+            or self.end + 1 > buffer.shape[self.dim]
+            or torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
+        ):
+            return self.append(self.value.narrow(self.dim, 0, 1), write=False)
+        self.end += 1
+        full = buffer.narrow(self.dim, self.start, self.end - self.start)
+        self.start = max(self.start, self.end - self.max_len)
+        return full
+
     def extend(self, new: torch.Tensor, *, private: bool = False) -> None:
         """`append` without handing anything out. With gradients on, the kept entries go into a new buffer of
         exactly their size (autograd may hold views of the old one), so that the memory carried from one training
@@ -237,8 +255,13 @@ class TxlMemoryLayer(CacheLayerMixin):
         """Room for one more position's key and value, for a caller that writes them itself
         (`decode_layer`): `[B, H, M + 1, D]` views of the kept keys and values whose last entry is not written yet.
         Only where `has_projections`."""
-        like = self._keys.value.narrow(2, 0, 1)  # (the shape, type and device of one entry: nothing is copied)
-        return self._keys.append(like, write=False), self._values.append(like, write=False)
+        return self._keys.append_room(), self._values.append_room()
+
+    def append_token_room(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Room for one more position's layer input, key and value, for a caller that writes them itself
+        (`decode_layers`): `[B, M + 1, E]` and `[B, H, M + 1, D]` views of the kept entries whose last entry is not
+        written yet. Only where `has_projections`."""
+        return self._hidden.append_room(), self._keys.append_room(), self._values.append_room()
 
     def state(self) -> tuple:
         """What `restore_state` needs to put this layer's memory back as it is now (no copy)."""

@@ -641,21 +641,45 @@ class TxlLayer(GradientCheckpointingLayer):
         `decode_layer` (the products, the one-query attention, the norms and residuals), instead of the dozen
         operator calls and the choices `forward` makes for every other case (decoding pays for each, per layer and
         token). None where that does not apply: `forward` then goes its general way, which computes the same values
-        (tests compare them)."""
+        (tests compare them). `TxlModel` calls all its layers in one call where each would take this step."""
         store = memory.projection_store
+        if (
+            store is None
+            or not hasattr(store, "append_projection_room")  # (a memory of an older copy of memory_txl.py)
+            or (operators := _one_row_decoding(hidden_states, mask)) is None
+            or (step := self._decode_step(store, content_bias, position_bias)) is None
+        ):
+            return None
+        tensors, (scaling, attn_eps, ffn_eps), pre_lnorm = step
+        qkv_weight, content_bias, position_bias, o_weight, o_bias, *norm_a, up_weight, up_bias = tensors[:9]
+        down_weight, down_bias, *norm_f = tensors[9:]
+        rel_key = self._modules["attention"]._relative_keys(positions)  # [H, K, D]
+        key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
+        output = operators.decode_layer(
+            hidden_states.reshape(-1),
+            *(qkv_weight, key, value, rel_key, content_bias, position_bias),
+            None if mask is None else mask.reshape(1, -1),
+            scaling,
+            *(o_weight, o_bias, *norm_a, attn_eps, up_weight, up_bias, down_weight, down_bias, *norm_f, ffn_eps),
+            pre_lnorm,
+        )  # (an exception on the way: TxlModel.forward puts the memory back as it was, this entry included)
+        return output.view(hidden_states.shape)
+
+    def _decode_step(
+        self, store: TxlMemoryLayer, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
+    ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool] | None:
+        """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's): eval mode,
+        bare sub-layers and linear and norm layers (no hooks, adapters, replaced forwards), the sdpa implementation,
+        no active dropout, memory keys and values made by the current weights. Returns the layer's tensors (qkv
+        weight, u, v, output weight and bias, the attention's norm weight and bias, the feed-forward's weights and
+        biases, its norm weight and bias: `decode_layers`' order after the memory's), its scaling and the two norms'
+        eps, and pre_lnorm; None where the step does not apply. `content_bias`, `position_bias`: the model's shared
+        u and v, or None for the attention's own (untie_r)."""
         # The sub-modules and parameters from their registries: what attribute access returns for them, without
         # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token); each read
         # only once its module is known to be the model's own kind (an adapter has other children and parameters).
         attention, ffn = self._modules["attention"], self._modules["ffn"]
-        if (
-            store is None
-            or memory.hidden is None
-            or not hasattr(store, "append_projection_room")  # (a memory of an older copy of memory_txl.py)
-            or self.training
-            or hidden_states.dtype != torch.float32
-            or _global_module_hooks()
-            or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward))
-        ):
+        if self.training or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward)):
             return None
         qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
         up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
@@ -664,40 +688,57 @@ class TxlLayer(GradientCheckpointingLayer):
             or ffn.training
             or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
             or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
+            or qkv_proj._parameters["bias"] is not None
             or getattr(attention.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
-            or not _one_row_inference(hidden_states, qkv_proj._parameters["weight"])
-            or torch.jit.is_tracing()
-            or torch._C._are_functorch_transforms_active()
-            or (mask is not None and (mask.dtype != torch.bool or mask.numel() != mask.shape[-1]))
             or attention.d_head % 8 != 0
             or _dropout_acts(attention._modules["dropout"])
             or _dropout_acts(ffn._modules["dropout"])
             or (version := attention.projection_version()) is None
             or not store.has_projections(version)
-            or (operators := compiled_operators()) is None
         ):
             return None
-        norms = (*_weight_and_bias(attn_norm), *_weight_and_bias(ffn_norm))
-        products = (qkv_proj._parameters["weight"], *_weight_and_bias(o_proj), *_weight_and_bias(up_proj))
-        products += _weight_and_bias(down_proj)
-        if any(tensor is None for tensor in norms) or not all(
+        if content_bias is None:
+            content_bias, position_bias = attention._parameters["content_bias"], attention._parameters["position_bias"]
+        tensors = (
+            qkv_proj._parameters["weight"],
+            content_bias,
+            position_bias,
+            *_weight_and_bias(o_proj),
+            *_weight_and_bias(attn_norm),
+            *_weight_and_bias(up_proj),
+            *_weight_and_bias(down_proj),
+            *_weight_and_bias(ffn_norm),
+        )
+        if any(tensors[i] is None for i in (0, 1, 2, 3, 5, 6, 7, 9, 11, 12)) or not all(
             tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
-            for tensor in (*products, *norms, content_bias, position_bias)
+            for tensor in tensors
         ):
             return None
-        qkv_weight, o_weight, o_bias, up_weight, up_bias, down_weight, down_bias = products
-        rel_key = attention._relative_keys(positions)  # [H, K, D]
-        key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
-        output = operators.decode_layer(
-            hidden_states.reshape(-1),
-            *(qkv_weight, key, value, rel_key, content_bias, position_bias),
-            None if mask is None else mask.reshape(1, -1),
-            attention.scaling,
-            *(o_weight, o_bias, *norms[:2], attn_norm.eps),
-            *(up_weight, up_bias, down_weight, down_bias, *norms[2:], ffn_norm.eps),
-            attention.pre_lnorm,
-        )  # (an exception on the way: TxlModel.forward puts the memory back as it was, this entry included)
-        return output.view(hidden_states.shape)
+        return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm
+
+
+def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> object | None:
+    """The compiled operators where a step of the fused decoding kernels may run, as far as the call tells (each
+    layer's part: `TxlLayer._decode_step`): one float32 CPU row in inference (no gradients, autocast, tracing or
+    functorch transforms), no global module hooks, a bool mask of one row or none; else None."""
+    if (
+        hidden_states.dtype != torch.float32
+        or not hidden_states.is_cpu
+        or hidden_states.numel() != hidden_states.shape[-1]
+        or torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or torch.jit.is_tracing()
+        or torch._C._are_functorch_transforms_active()
+        or _global_module_hooks()
+        or (mask is not None and (mask.dtype != torch.bool or mask.numel() != mask.shape[-1]))
+    ):
+        return None
+    return compiled_operators()
+
+
+_PLAIN_FORWARDS[TxlLayer] = TxlLayer.forward
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1175,6 +1216,49 @@ class TxlModel(TxlPreTrainedModel):
             segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
         return torch.cat([memory_padding.to(device), segment_padding], dim=1)
 
+    def _decode_token(
+        self,
+        hidden_states: torch.Tensor,
+        memory_layers: list[TxlMemoryLayer],
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        untie_r: bool,
+    ) -> torch.Tensor | None:
+        """Every layer for one token at batch 1 in one call of the compiled `decode_layers`, where each layer would
+        take its fused step (`TxlLayer._decode_one_row`) and none is hooked: the same values without a call, its
+        Python and its parallel region per layer (about a third of a small model's decoding step). The kernel writes
+        each layer's input, key and value into the memory, as the layer loop's updates would. `hidden_states`
+        `[1, 1, E]` -> `[1, 1, E]`; None where that does not apply (nothing changed then)."""
+        if (operators := _one_row_decoding(hidden_states, mask)) is None:
+            return None
+        shared_biases = (None, None) if untie_r else (self.content_bias, self.position_bias)
+        steps = []
+        for layer, memory_layer in zip(self.layers, memory_layers):
+            if (
+                not _is_unhooked(layer, TxlLayer)
+                or not hasattr(memory_layer, "append_token_room")  # (a memory of an older copy of memory_txl.py)
+                or (step := layer._decode_step(memory_layer, *shared_biases)) is None
+            ):
+                return None
+            steps.append(step)
+        if len({pre_lnorm for _, _, pre_lnorm in steps}) != 1:
+            return None
+        # Every layer takes the step: only now is the memory changed (room for the kernel's writes).
+        layer_tensors, scalars = [], []
+        for layer, memory_layer, (tensors, layer_scalars, _) in zip(self.layers, memory_layers, steps):
+            rel_key = layer._modules["attention"]._relative_keys(positions)  # [H, K, D]
+            layer_input, key, value = memory_layer.append_token_room()
+            layer_tensors += (layer_input, tensors[0], key, value, rel_key, *tensors[1:])
+            scalars += layer_scalars
+        output = operators.decode_layers(
+            hidden_states.reshape(-1),
+            layer_tensors,
+            None if mask is None else mask.reshape(1, -1),
+            scalars,
+            steps[0][2],
+        )  # (an exception on the way: forward puts the memory back as it was)
+        return output.view(hidden_states.shape)
+
     @_memory_kept_on_error
     def forward(
         self,
@@ -1252,6 +1336,13 @@ class TxlModel(TxlPreTrainedModel):
         layer_inputs, attentions = [], []
         memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
         untie_r = self.config.untie_r  # read once: a config attribute costs a microsecond or two, per layer and token
+        if (
+            keep_projections
+            and hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
+            and not (output_attentions or output_hidden_states)
+            and (decoded := self._decode_token(hidden_states, memory_layers, positions, mask, untie_r)) is not None
+        ):
+            hidden_states, memory_layers = decoded, []  # (every layer done, its memory updated)
         for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
             attention = layer.attention
