@@ -932,6 +932,37 @@ def test_the_fused_decoding_steps_equal_the_general_path(monkeypatch, variant, s
     torch.testing.assert_close(fast, eager, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("step", ["model", "layer"])
+def test_a_stream_continued_under_autocast_decodes_on_without_the_fused_steps(monkeypatch, step):
+    """A token decoded under CPU autocast (bfloat16) keeps bfloat16 keys and values in the memory (the weights, and so
+    the memory's projection version, unchanged). The float32 token after it does not take a fused step, which reads
+    float32 only (a C++ check failed at every later token before), but the general path, which keeps the memory in
+    float32 again; the tokens after that are fused again, all as the general path decodes them."""
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(div_val=1, cutoffs=[])  # (a float32 first layer's memory: an adaptive embedding's is bfloat16)
+    model.config._attn_implementation = "sdpa"
+    ids = covering_ids(model.config.vocab_size, batch=1, length=9)
+    results = []
+    for fused in (True, False):
+        taken = {"model": [], "layer": []}
+        with monkeypatch.context() as patch, torch.no_grad():
+            _counting_fused_steps(patch, taken, model_step=step == "model") if fused else _general_decoding(patch)
+            memory = model(ids[:, :5], use_cache=True).past_key_values
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(ids[:, 5:6], past_key_values=memory)
+            assert memory.layers[0]._keys.value.dtype == torch.bfloat16
+            results.append([model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(6, 9)])
+        if fused:  # the autocast token, the first after it (the general path keeps float32 again): not fused
+            expected = [False, False, True, True]
+            if step == "model":
+                assert taken["model"] == expected
+            else:
+                assert taken["layer"] == [fused for fused in expected for _ in range(model.config.n_layer)]
+    for fast, general in zip(*results):
+        torch.testing.assert_close(fast, general, rtol=0, atol=1e-5)
+
+
 def test_decoding_with_hidden_states_or_a_hooked_layer_takes_each_layer_s_fused_step(monkeypatch):
     """The model's one call for all layers is not taken where the caller asks for every layer's hidden states, or a
     hook watches a layer (it must see the layer's call): each layer's fused step is, with the same logits and

@@ -236,6 +236,14 @@ class TxlMemoryLayer(CacheLayerMixin):
         # (kept < the memory's length: the hidden states moved on without them)
         return self.projection_version == projection_version and kept > 0 and kept == len(self._hidden)
 
+    def kept_as(self, dtype: torch.dtype) -> bool:
+        """Whether the hidden states, keys and values are all kept as `dtype` in CPU memory (a stream continued under
+        autocast may keep another type; decoding's compiled step reads float32 only)."""
+        return all(
+            window.buffer is not None and window.buffer.dtype == dtype and window.buffer.is_cpu
+            for window in (self._hidden, self._keys, self._values)
+        )
+
     def store_projections(self, keys: torch.Tensor, values: torch.Tensor, projection_version: tuple | None) -> None:
         """Keep the projections `[B, H, M + Q, D]` of the memory and a new segment (their last `mem_len`)."""
         if projection_version is None or self.mem_len == 0:

@@ -670,11 +670,11 @@ class TxlLayer(GradientCheckpointingLayer):
     ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool] | None:
         """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's): eval mode,
         bare sub-layers and linear and norm layers (no hooks, adapters, replaced forwards), the sdpa implementation,
-        no active dropout, memory keys and values made by the current weights. Returns the layer's tensors (qkv
-        weight, u, v, output weight and bias, the attention's norm weight and bias, the feed-forward's weights and
-        biases, its norm weight and bias: `decode_layers`' order after the memory's), its scaling and the two norms'
-        eps, and pre_lnorm; None where the step does not apply. `content_bias`, `position_bias`: the model's shared
-        u and v, or None for the attention's own (untie_r)."""
+        no active dropout, memory keys and values made by the current weights, a float32 memory. Returns the layer's
+        tensors (qkv weight, u, v, output weight and bias, the attention's norm weight and bias, the feed-forward's
+        weights and biases, its norm weight and bias: `decode_layers`' order after the memory's), its scaling and the
+        two norms' eps, and pre_lnorm; None where the step does not apply. `content_bias`, `position_bias`: the
+        model's shared u and v, or None for the attention's own (untie_r)."""
         # The sub-modules and parameters from their registries: what attribute access returns for them, without
         # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token); each read
         # only once its module is known to be the model's own kind (an adapter has other children and parameters).
@@ -695,6 +695,7 @@ class TxlLayer(GradientCheckpointingLayer):
             or _dropout_acts(ffn._modules["dropout"])
             or (version := attention.projection_version()) is None
             or not store.has_projections(version)
+            or not store.kept_as(torch.float32)
         ):
             return None
         if content_bias is None:
