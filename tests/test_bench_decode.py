@@ -137,7 +137,7 @@ def test_quick_run_profile(quick_run: Path) -> None:
     )
     text = (quick_run / "decode.profile.md").read_text()
     assert "| operators' own time / calls per step (aten and compiled kernels) |" in text
-    assert "### GPT-2 (KV cache)" in text and "- (inside the layer)" in text
+    assert "### GPT-2 (KV cache)" in text and "- (not labelled: inside the stack's one compiled call)" in text
 
 
 def test_outputs_of_a_single_part(quick_run: Path) -> None:

@@ -1557,7 +1557,7 @@ def profile_markdown(results: dict) -> str:
                 lambda p, name=name: (
                     f"{p['sections_ms_per_step'][name]:.2f} ({p['section_calls_per_step'][name]:.0f})"
                     if p["section_calls_per_step"][name]
-                    else "- (inside the layer)"
+                    else "- (not labelled: inside the stack's one compiled call)"
                 ),
             )
         )
