@@ -89,7 +89,7 @@ class SlidingWindow:
     def append(self, new: torch.Tensor, *, write: bool = True) -> torch.Tensor:
         """Append `new`; return a view of the kept entries followed by `new`, then keep only the last `max_len`.
         `write=False` makes the room for `new`'s entries without writing them: the caller writes them into the last
-        entries of the view returned, before anything reads the window (decoding's fused layer step)."""
+        entries of the view returned, before anything reads the window (decoding's fused steps, `append_room`)."""
         count = new.shape[self.dim]
         buffer = self.buffer
         # With gradients on, views of the buffer may be saved by autograd (a checkpointed layer's inputs), which
@@ -261,8 +261,8 @@ class TxlMemoryLayer(CacheLayerMixin):
 
     def append_projection_room(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Room for one more position's key and value, for a caller that writes them itself
-        (`decode_layer`): `[B, H, M + 1, D]` views of the kept keys and values whose last entry is not written yet.
-        Only where `has_projections`."""
+        (`decode_layer`; `append_token_room` for `decode_layers`): `[B, H, M + 1, D]` views of the kept keys and
+        values whose last entry is not written yet. Only where `has_projections`."""
         return self._keys.append_room(), self._values.append_room()
 
     def append_token_room(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
