@@ -809,7 +809,10 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
 
 // Rows [begin, end) of y = w x + b (b may be null) for a row-major weight w [out, I]: a contiguous range of rows
 // streamed eight at a time (eight independent sums; eight streams in flight read faster than four, and than fewer:
-// docs/performance.md), the row of inputs staying in L1; short rows sixteen at a time.
+// docs/performance.md), the row of inputs staying in L1; short rows sixteen at a time. Rows of 4 KB or more each
+// start on a page of their own, where the hardware prefetcher starts over: the first lines of the next group's rows
+// are asked for as a group starts, so that their streams are running when it comes to them.
+constexpr int64_t kLongRow = 1024, kRowStartLines = 4;
 inline void linear_rows(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
                         int64_t end) {
   using V = Wide;
@@ -822,6 +825,8 @@ inline void linear_rows(const float* w, const float* x, const float* b, float* y
     V acc[R];
     for (int r = 0; r < R; ++r) acc[r] = V::zero();
     const float* rows = w + o * I;
+    if (I >= kLongRow && o + 2 * R <= end)
+      for (int r = 0; r < R; ++r) prefetch_row(rows + (R + r) * I, 16 * kRowStartLines);
     int64_t i = 0;
     for (; i + V::W <= I; i += V::W) {
       const V xi = V::load(x + i);
