@@ -963,6 +963,34 @@ def test_a_stream_continued_under_autocast_decodes_on_without_the_fused_steps(mo
         torch.testing.assert_close(fast, general, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("missing", [("append_token_room",), ("append_token_room", "kept_as", "append_room")])
+def test_a_memory_of_an_older_copy_decodes_by_the_paths_it_supports(monkeypatch, missing):
+    """A memory made by an older copy of memory_txl.py (remote code beside the installed package) lacks the newer
+    room methods: the fused steps that need them are not taken (no AttributeError) and decoding goes on as the
+    general path, keys and values included."""
+    from transfoxl.memory_txl import SlidingWindow, TxlMemoryLayer
+
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(mem_len=8)
+    model.config._attn_implementation = "sdpa"
+    ids = covering_ids(model.config.vocab_size, batch=1, length=9)
+    results, taken = [], {"model": [], "layer": []}
+    for older in (True, False):
+        with monkeypatch.context() as patch, torch.no_grad():
+            if older:
+                for name in missing:
+                    patch.delattr(SlidingWindow if name == "append_room" else TxlMemoryLayer, name)
+                _counting_fused_steps(patch, taken)
+            else:
+                _general_decoding(patch)
+            memory = model(ids[:, :6], use_cache=True).past_key_values
+            results.append([model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(6, 9)])
+    assert not any(taken["model"]) and taken["layer"] == [len(missing) == 1] * 3 * model.config.n_layer
+    for older, general in zip(*results):
+        torch.testing.assert_close(older, general, rtol=0, atol=1e-5)
+
+
 def test_decoding_with_hidden_states_or_a_hooked_layer_takes_each_layer_s_fused_step(monkeypatch):
     """The model's one call for all layers is not taken where the caller asks for every layer's hidden states, or a
     hook watches a layer (it must see the layer's call): each layer's fused step is, with the same logits and

@@ -645,7 +645,6 @@ class TxlLayer(GradientCheckpointingLayer):
         store = memory.projection_store
         if (
             store is None
-            or not hasattr(store, "append_projection_room")  # (a memory of an older copy of memory_txl.py)
             or (operators := _one_row_decoding(hidden_states, mask)) is None
             or (step := self._decode_step(store, content_bias, position_bias)) is None
         ):
@@ -679,7 +678,11 @@ class TxlLayer(GradientCheckpointingLayer):
         # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token); each read
         # only once its module is known to be the model's own kind (an adapter has other children and parameters).
         attention, ffn = self._modules["attention"], self._modules["ffn"]
-        if self.training or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward)):
+        if (
+            self.training
+            or not hasattr(store, "kept_as")  # (a memory of an older copy of memory_txl.py: no room methods either)
+            or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward))
+        ):
             return None
         qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
         up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
