@@ -727,12 +727,7 @@ def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) ->
     functorch transforms), no global module hooks, a bool mask of one row or none; else None."""
     if (
         hidden_states.dtype != torch.float32
-        or not hidden_states.is_cpu
-        or hidden_states.numel() != hidden_states.shape[-1]
-        or torch.is_grad_enabled()
-        or torch.is_autocast_enabled("cpu")
-        or torch.compiler.is_compiling()
-        or torch.compiler.is_exporting()
+        or not _one_row_inference(hidden_states, hidden_states)  # (the weights' types: each layer's part)
         or torch.jit.is_tracing()
         or torch._C._are_functorch_transforms_active()
         or _global_module_hooks()
