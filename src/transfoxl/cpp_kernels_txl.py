@@ -810,8 +810,8 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
 // Rows [begin, end) of y = w x + b (b may be null) for a row-major weight w [out, I]: a contiguous range of rows
 // streamed eight at a time (eight independent sums; eight streams in flight read faster than four, and than fewer:
 // docs/performance.md), the row of inputs staying in L1; short rows sixteen at a time. Rows of 4 KB or more each
-// start on a page of their own, where the hardware prefetcher starts over: the first lines of the next group's rows
-// are asked for as a group starts, so that their streams are running when it comes to them.
+// run over pages of their own, and the hardware prefetcher starts over on each page: the first lines of the next
+// group's rows are asked for as a group starts, so that their streams are running when it comes to them.
 constexpr int64_t kLongRow = 1024, kRowStartLines = 4;
 inline void linear_rows(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
                         int64_t end) {
