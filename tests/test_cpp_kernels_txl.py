@@ -479,7 +479,7 @@ AVX2_CHECK = textwrap.dedent(
     worst = max(worst, (compiled_output - output).abs().max().item())
     for mine, theirs in zip(compiled_gradients, gradients):
         worst = max(worst, (mine - theirs).abs().max().item() / max(1.0, theirs.abs().max().item()))
-    # decoding's one-row product (rows of any length eight at a time: the sixteen-row path is AVX-512's), relative
+    # decoding's one-row product (rows of any length in four streams: the sixteen-row path is AVX-512's), relative
     for out_features, in_features in [(37, 16), (1000, 64), (130, 1030)]:
         weight, row, bias = torch.randn(out_features, in_features), torch.randn(in_features), torch.randn(out_features)
         expected = torch.nn.functional.linear(row, weight, bias)

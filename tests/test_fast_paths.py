@@ -800,9 +800,10 @@ def test_one_row_linear_equals_f_linear(out_features, bias):
     ("out_features", "in_features"), [(13, 100), (4096, 1024), (1, 33), (1000, 64), (67, 16), (40, 100), (35, 129)]
 )
 def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features):
-    """The compiled matrix-vector kernel (each thread streaming its rows, eight at a time, then one at a time; the
-    inputs in vectors, then a tail; rows of at most 128 inputs sixteen at a time, a partial last vector masked):
-    F.linear within float32 rounding, with a bias and without."""
+    """The compiled matrix-vector kernel (each thread's rows in four streams read side by side, then the rest in one;
+    the inputs in vectors, then a tail; rows of at most 128 inputs sixteen at a time, a partial last vector masked):
+    F.linear within float32 rounding, with a bias and without. Rows of more than 128 inputs are each summed the same
+    way wherever they fall (stream, remainder, thread): any slice of the rows gives the same bits."""
     operators = compiled_operators()
     if operators is None:
         pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
@@ -814,6 +815,12 @@ def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features)
         output = one_row_linear(inputs, weight, bias_tensor)
         torch.testing.assert_close(output, expected, rtol=1e-5, atol=2e-4)
         assert torch.equal(operators.row_linear(inputs.view(-1), weight, bias_tensor), output.view(-1))  # it ran
+        if in_features > 128:
+            for begin, end in ((1, out_features), (0, out_features - 1), (out_features // 3, out_features // 2 + 1)):
+                part = operators.row_linear(
+                    inputs.view(-1), weight[begin:end], bias_tensor[begin:end] if bias_tensor is not None else None
+                )
+                assert torch.equal(part, output.view(-1)[begin:end]), (begin, end)
 
 
 def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logits(monkeypatch):
