@@ -509,6 +509,12 @@ AVX2_CHECK = textwrap.dedent(
             results.append(torch.cat(steps, dim=1))
         worst = max(worst, *((fused - results[-1]).abs().max().item() for fused in results[:2]))
     assert len(taken) == 2 * 4 * (1 + model.config.n_layer) and all(result is not None for result in taken)
+    # the adaptive softmax of one row (one compiled call) against its readable path
+    softmax, hidden = model.adaptive_softmax, 3 * torch.randn(1, model.config.d_model)
+    with torch.no_grad():
+        one_call = softmax(hidden)
+        softmax._one_row_log_probs = off
+        worst = max(worst, (one_call - softmax(hidden)).abs().max().item())
     print(worst)
     """
 )
@@ -518,7 +524,7 @@ def test_the_avx2_build_equals_eager(kernel, tmp_path):
     """On a CPU without AVX-512 the kernel is built for AVX2 (2-query tiles: 16 registers); here torch is told to
     dispatch as on such a CPU (ATEN_CPU_CAPABILITY=avx2), in a fresh process, and that build equals eager too (the
     attention's forward, decoding and gradients; the one-row product; decoding's fused steps, the model's and each
-    layer's)."""
+    layer's; the adaptive softmax of one row)."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip("this machine's own build is the AVX2 one (the other tests run it)")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TRANSFOXL_KERNEL_CACHE": str(tmp_path / "kernels")}

@@ -825,8 +825,8 @@ def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features)
 
 def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logits(monkeypatch):
     """Where the fused layer step does not apply (here: turned off; in use, an adapter or hook on a sub-layer, MC
-    dropout), each linear product of a decoded token at batch 1 (projections, feed-forward, output clusters) goes
-    through `one_row_linear`, and the logits equal those of the plain F.linear path."""
+    dropout), each linear product of a decoded token at batch 1 (projections, feed-forward) goes through
+    `one_row_linear`, and the logits equal those of the plain F.linear path."""
     from transfoxl import modeling_txl
 
     _general_decoding(monkeypatch)
@@ -844,11 +844,78 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
         fast = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
         memory = model(ids[:, :8], use_cache=True).past_key_values  # a new stream, same prefix
     layers = model.config.n_layer
-    assert len(calls) >= 4 * layers + model.adaptive_softmax.n_clusters  # qkv, o, up, down per layer; each cluster
+    assert len(calls) >= 4 * layers  # qkv, o, up, down per layer (the softmax's clusters: its own one call)
     with torch.no_grad():
         monkeypatch.setattr(modeling_txl, "_one_row_inference", lambda inputs, weight: False)
         expected = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_readable_path(monkeypatch, variant):
+    """A decoded token's log-probabilities (one row in float32 CPU inference) come from one call of the compiled
+    `adaptive_log_softmax_row` (clusters with projections, a div_val 1 layer sliced into clusters, one cluster with
+    and without a projection) and equal the readable path's within float32 rounding; a NaN row gives NaN everywhere,
+    as it does there. Several rows, a gradient, autocast and float64 keep the readable path."""
+    from transfoxl import modeling_txl
+
+    operators = compiled_operators()
+    if operators is None:
+        pytest.skip("the one-row softmax is for the compiled kernels (Linux on x86-64 with AVX2)")
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.extend([name] if name == "adaptive_log_softmax_row" else [])
+            return getattr(operators, name)
+
+    monkeypatch.setattr(modeling_txl, "compiled_operators", lambda: Counting())
+    model = tiny_lm(**VARIANTS[variant])
+    softmax, width = model.adaptive_softmax, model.config.d_model
+
+    def readable(hidden):
+        softmax._one_row_log_probs = lambda hidden: None
+        try:
+            return softmax(hidden)
+        finally:
+            del softmax._one_row_log_probs
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for scale in (1.0, 30.0):  # (30: log-probabilities far below 0, where a lost digit would show)
+            hidden = scale * torch.randn(1, width, generator=generator)
+            log_probs = softmax(hidden)
+            assert calls == ["adaptive_log_softmax_row"] and log_probs.shape == (1, softmax.bounds[-1])
+            torch.testing.assert_close(log_probs, readable(hidden), rtol=1e-6, atol=1e-5)
+            calls.clear()
+        nan_row = torch.full((1, width), float("nan"))
+        assert torch.isnan(softmax(nan_row)).all() and torch.isnan(readable(nan_row)).all() and calls
+        calls.clear()
+        rows = torch.randn(3, width, generator=generator)
+        torch.testing.assert_close(softmax(rows)[1:2], readable(rows[1:2]), rtol=1e-6, atol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            softmax(rows[:1])
+        softmax.double()(rows[:1].double())
+        softmax.float()
+    softmax(rows[:1])  # a gradient may be asked for
+    assert calls == []
+
+
+def test_the_one_row_softmax_operator_says_which_input_is_wrong():
+    """The compiled `adaptive_log_softmax_row` checks what it is given (the module passes it its parameters): the
+    count of tensors, each tensor's shape, a cluster without a projection narrower than the hidden state."""
+    operators = compiled_operators()
+    if operators is None:
+        pytest.skip("the one-row softmax is for the compiled kernels (Linux on x86-64 with AVX2)")
+    hidden, weight, bias, projection = torch.randn(8), torch.randn(5, 4), torch.randn(5), torch.randn(8, 4)
+    with pytest.raises(RuntimeError, match="3 tensors per cluster"):
+        operators.adaptive_log_softmax_row(hidden, [weight, bias])
+    with pytest.raises(RuntimeError, match=r"tensor 2 must be a contiguous float32 CPU tensor of shape \[8, 4\]"):
+        operators.adaptive_log_softmax_row(hidden, [weight, bias, projection.t().contiguous()])
+    with pytest.raises(RuntimeError, match="cluster 0 has no projection, so its width must be the hidden state's"):
+        operators.adaptive_log_softmax_row(hidden, [weight, bias, None])
+    expected = torch.log_softmax(weight @ (hidden @ projection) + bias, dim=-1)
+    torch.testing.assert_close(operators.adaptive_log_softmax_row(hidden, [weight, bias, projection]), expected)
 
 
 def _general_decoding(patch):

@@ -1144,6 +1144,164 @@ at::Tensor decode_layers(const at::Tensor& hidden, const c10::List<std::optional
   return output;
 }
 
+// The adaptive log-softmax of one row (decoding at batch 1; TxlAdaptiveLogSoftmax.forward's contract) in one parallel
+// region, instead of a dozen operator calls (each cluster's projection, product, log-softmax, the head's tail logits,
+// the additions and the concatenation) with a fork and join each:
+//   h_c = hidden P_c (or hidden where cluster c has no projection);  logits_c = W_c h_c + b_c
+//   head: [logits_0; t] with t = T h_0 + tb (one logit per tail cluster), lp_0 = log_softmax([logits_0; t])
+//   output = [lp_0[:n_0]; lp_0[n_0 + c - 1] + log_softmax(logits_c) for each tail cluster c]
+// clusters: 3 per cluster (weight [n_c, d_c], bias [n_c], projection [E, d_c] or none), then T [C-1, d_0] and tb
+// [C-1] where C > 1. Returns [sum n_c]. Each log-softmax is (x - max) - log(sum exp(x - max)), as torch's.
+namespace {
+
+// y[0:d) = sum over rows e of [begin, end) of x[e] w[e, 0:d) (w [., d] row-major): four streams of rows side by side,
+// as linear_rows reads, into one sum per output kept in L1.
+inline void rows_times_inputs(const float* w, const float* x, float* y, int64_t d, int64_t begin, int64_t end) {
+  using V = Wide;
+  std::fill(y, y + d, 0.0f);
+  constexpr int R = 4;
+  const int64_t per = (end - begin) / R;
+  auto accumulate = [&](const float* row, float scale) {
+    const V factor = V::bcast(&scale);
+    int64_t o = 0;
+    for (; o + V::W <= d; o += V::W) fma(V::load(row + o), factor, V::load(y + o)).store(y + o);
+    for (; o < d; ++o) y[o] += row[o] * scale;
+  };
+  for (int64_t j = 0; j < per; ++j)
+    for (int r = 0; r < R; ++r) {
+      const int64_t e = begin + r * per + j;
+      accumulate(w + e * d, x[e]);
+    }
+  for (int64_t e = begin + R * per; e < end; ++e) accumulate(w + e * d, x[e]);
+}
+
+// sum exp(s[j] - maximum) over j < n (maximum >= every s[j]), without writing s: `exponentiate`'s sum.
+inline float exponential_sum(const float* s, int64_t n, float maximum) {
+  float sum = 0.0f;
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 wide_max = _mm512_set1_ps(maximum);
+  __m512 wide_sum = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16)
+    wide_sum = _mm512_add_ps(wide_sum, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), wide_max)));
+  sum = _mm512_reduce_add_ps(wide_sum);
+#endif
+  const __m256 max_vector = _mm256_set1_ps(maximum);
+  __m256 sum_vector = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8)
+    sum_vector = _mm256_add_ps(sum_vector, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector)));
+  sum += horizontal_sum(sum_vector);
+  for (; j < n; ++j) sum += std::exp(s[j] - maximum);
+  return sum;
+}
+
+}  // namespace
+
+at::Tensor adaptive_log_softmax_row(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& clusters) {
+  TORCH_CHECK(hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "adaptive_log_softmax_row: a contiguous float32 CPU hidden state expected");
+  const int64_t E = hidden.numel(), entries = static_cast<int64_t>(clusters.size());
+  const int64_t C = entries == 3 ? 1 : (entries - 2) / 3;
+  TORCH_CHECK(C >= 1 && entries == 3 * C + (C > 1 ? 2 : 0),
+              "adaptive_log_softmax_row: 3 tensors per cluster, then the head's tail weight and bias, expected");
+  std::vector<std::optional<at::Tensor>> tensors(clusters.begin(), clusters.end());
+  auto checked = [&](int64_t i, int64_t rows, int64_t columns) -> const float* {  // columns < 0: a vector of rows
+    TORCH_CHECK(tensors[i].has_value() && tensors[i]->defined(), "adaptive_log_softmax_row: tensor ", i, " missing");
+    const at::Tensor& t = *tensors[i];
+    const bool shaped = columns < 0 ? t.dim() == 1 && t.size(0) == rows : t.dim() == 2 && t.size(0) == rows &&
+                                                                               t.size(1) == columns;
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && shaped,
+                "adaptive_log_softmax_row: tensor ", i, " must be a contiguous float32 CPU tensor of shape [", rows,
+                columns < 0 ? "" : ", " + std::to_string(columns), "]");
+    return t.data_ptr<float>();
+  };
+  struct Cluster {
+    const float *weight, *bias, *projection;
+    int64_t rows, width, first, projected;  // first: its first output; projected: its offset in the projections
+  };
+  std::vector<Cluster> parts;
+  int64_t outputs = 0, projected = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    TORCH_CHECK(tensors[3 * c].has_value() && tensors[3 * c]->defined() && tensors[3 * c]->dim() == 2,
+                "adaptive_log_softmax_row: cluster ", c, "'s weight [n, d] missing");
+    const int64_t rows = tensors[3 * c]->size(0), width = tensors[3 * c]->size(1);
+    const bool has_projection = tensors[3 * c + 2].has_value() && tensors[3 * c + 2]->defined();
+    TORCH_CHECK(has_projection || width == E, "adaptive_log_softmax_row: cluster ", c,
+                " has no projection, so its width must be the hidden state's");
+    parts.push_back({checked(3 * c, rows, width), checked(3 * c + 1, rows, -1),
+                     has_projection ? checked(3 * c + 2, E, width) : nullptr, rows, width, outputs, projected});
+    outputs += rows;
+    if (has_projection) projected += width;
+  }
+  const float* tail_weight = C > 1 ? checked(3 * C, C - 1, parts[0].width) : nullptr;
+  const float* tail_bias = C > 1 ? checked(3 * C + 1, C - 1, -1) : nullptr;
+
+  auto output = at::empty({outputs}, hidden.options());
+  const float* x = hidden.data_ptr<float>();
+  float* out = output.data_ptr<float>();
+  const int threads = decode_threads();
+  // The projections' sums per thread, then their totals; the head's tail logits; each segment's maximum and
+  // exponential sum per thread (segment 0: the head with its tail logits, c: cluster c).
+  std::vector<float> partial(threads * projected), projections(projected), tails(std::max<int64_t>(C - 1, 1));
+  std::vector<float> maxima(threads * C), sums(threads * C);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    auto [e0, e1] = thread_share(E, t, T, 16);
+    for (const Cluster& c : parts)
+      if (c.projection != nullptr)
+        rows_times_inputs(c.projection, x, partial.data() + t * projected + c.projected, c.width, e0, e1);
+#pragma omp barrier
+#pragma omp single
+    for (int64_t o = 0; o < projected; ++o) {
+      float sum = 0.0f;
+      for (int u = 0; u < T; ++u) sum += partial[u * projected + o];
+      projections[o] = sum;
+    }
+    auto inputs = [&](const Cluster& c) { return c.projection != nullptr ? projections.data() + c.projected : x; };
+    for (const Cluster& c : parts) {
+      auto [r0, r1] = thread_share(c.rows, t, T, 16);
+      linear_rows(c.weight, inputs(c), c.bias, out + c.first, c.width, r0, r1);
+    }
+    if (C > 1 && t == T - 1)  // the head's logits of the tail clusters
+      linear_rows(tail_weight, inputs(parts[0]), tail_bias, tails.data(), parts[0].width, 0, C - 1);
+#pragma omp barrier
+    for (int64_t c = 0; c < C; ++c) {
+      auto [r0, r1] = thread_share(parts[c].rows, t, T, 16);
+      float maximum = row_maximum(out + parts[c].first + r0, r1 - r0);
+      if (c == 0 && t == T - 1) maximum = std::max(maximum, row_maximum(tails.data(), C - 1));
+      maxima[t * C + c] = maximum;
+    }
+#pragma omp barrier
+    std::vector<float> maximum(C), log_sum(C);  // per segment: the same on every thread (the same sums, in order)
+    for (int64_t c = 0; c < C; ++c) {
+      maximum[c] = -FLT_MAX;
+      for (int u = 0; u < T; ++u) maximum[c] = std::max(maximum[c], maxima[u * C + c]);
+      auto [r0, r1] = thread_share(parts[c].rows, t, T, 16);
+      float sum = exponential_sum(out + parts[c].first + r0, r1 - r0, maximum[c]);
+      if (c == 0 && t == T - 1) sum += exponential_sum(tails.data(), C - 1, maximum[c]);
+      sums[t * C + c] = sum;
+    }
+#pragma omp barrier
+    for (int64_t c = 0; c < C; ++c) {
+      float sum = 0.0f;
+      for (int u = 0; u < T; ++u) sum += sums[u * C + c];
+      log_sum[c] = std::log(sum);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      auto [r0, r1] = thread_share(parts[c].rows, t, T, 16);
+      float* segment = out + parts[c].first;
+      if (c == 0) {
+        for (int64_t k = r0; k < r1; ++k) segment[k] = (segment[k] - maximum[0]) - log_sum[0];
+      } else {  // a tail token: its cluster's log-probability in the head plus its own within the cluster
+        const float head = (tails[c - 1] - maximum[0]) - log_sum[0];
+        for (int64_t k = r0; k < r1; ++k) segment[k] = head + ((segment[k] - maximum[c]) - log_sum[c]);
+      }
+    }
+  }
+  return output;
+}
+
 // Dropout on a counter-based random stream. Entry i of the mask drawn with `seed` keeps its input where its 16 bits
 // of word i / 4 of the stream (bits 16 (i % 4) and up, read as int16: torch's view of the words as int16 on a
 // little-endian machine) are >= `threshold`, with word n = splitmix64's n-th output from `seed`. A word depends on
@@ -1269,6 +1427,7 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor down_weight, Tensor? down_bias, Tensor ffn_norm_weight, Tensor ffn_norm_bias, float ffn_norm_eps, "
         "bool pre_lnorm) -> Tensor");
   m.def("decode_layers(Tensor hidden, Tensor(a!)?[] layers, Tensor? mask, float[] scalars, bool pre_lnorm) -> Tensor");
+  m.def("adaptive_log_softmax_row(Tensor hidden, Tensor?[] clusters) -> Tensor");
   m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
   m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");
   m.def("dropout_training_backward(Tensor grad_output, Tensor saved, float scale) -> Tensor");
@@ -1281,6 +1440,7 @@ TXL_LIBRARY_IMPL(TXL_NAMESPACE, CPU, m) {
   m.impl("row_linear", &row_linear);
   m.impl("decode_layer", &decode_layer);
   m.impl("decode_layers", &decode_layers);
+  m.impl("adaptive_log_softmax_row", &adaptive_log_softmax_row);
   m.impl("dropout_training_forward", &dropout_training_forward);
   m.impl("relu_dropout_training_forward", &relu_dropout_training_forward);
   m.impl("dropout_training_backward", &dropout_training_backward);
@@ -1386,6 +1546,7 @@ OPERATORS = (
     "row_linear",
     "decode_layer",
     "decode_layers",
+    "adaptive_log_softmax_row",
     "dropout_training_forward",
     "relu_dropout_training_forward",
     "dropout_training_backward",

@@ -922,6 +922,8 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the whole vocabulary: `[N, E]` -> `[N, V]`."""
+        if (log_probs := self._one_row_log_probs(hidden_states)) is not None:
+            return log_probs
         head_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, 0))  # [N, shortlist + tails]
         if self.n_clusters == 1:
             return head_logprobs
@@ -930,6 +932,28 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             tail_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, cluster))  # [N, n_i]
             pieces.append(head_logprobs[:, self.shortlist_size + cluster - 1, None] + tail_logprobs)
         return torch.cat(pieces, dim=-1)  # [N, V]
+
+    def _one_row_log_probs(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """`forward` for one row (a token decoded at batch 1) in float32 CPU inference, in one call of the compiled
+        `adaptive_log_softmax_row` instead of a dozen operator calls: the same log-probabilities within float32
+        rounding. None where that does not apply."""
+        head_weight = self._own_parameters(0)[0]
+        if (
+            hidden_states.dtype != torch.float32
+            or not _one_row_inference(hidden_states, head_weight)
+            or torch.jit.is_tracing()  # (a traced graph holds portable operators)
+            or (operators := compiled_operators()) is None
+        ):
+            return None
+        tensors = [tensor for cluster in range(self.n_clusters) for tensor in self._own_parameters(cluster)]
+        if self.n_clusters > 1:
+            tensors += (self.cluster_weight, self.cluster_bias)
+        if not all(
+            tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
+            for tensor in tensors
+        ):
+            return None
+        return operators.adaptive_log_softmax_row(hidden_states.reshape(-1).contiguous(), tensors).view(1, -1)
 
     # Training on a CPU computes the loss a chunk of rows at a time (`kernels_txl.adaptive_nll`): about this many head
     # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower.
