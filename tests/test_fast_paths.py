@@ -851,12 +851,20 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+ONE_ROW_SOFTMAX_VARIANTS = {
+    **VARIANTS,
+    "div1_unprojected": {"cutoffs": [40], "div_val": 1, "d_embed": 32},  # (tiny's d_model: no projection)
+    "no_cutoffs_unprojected": {"cutoffs": [], "div_val": 1, "d_embed": 32},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ONE_ROW_SOFTMAX_VARIANTS))
 def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_readable_path(monkeypatch, variant):
     """A decoded token's log-probabilities (one row in float32 CPU inference) come from one call of the compiled
     `adaptive_log_softmax_row` (clusters with projections, a div_val 1 layer sliced into clusters, one cluster with
     and without a projection) and equal the readable path's within float32 rounding; a NaN row gives NaN everywhere,
-    as it does there. Several rows, a gradient, autocast and float64 keep the readable path."""
+    as it does there. Several rows, a gradient, autocast, float64, vmap and a tensor of another rank keep the
+    readable path."""
     from transfoxl import modeling_txl
 
     operators = compiled_operators()
@@ -870,8 +878,9 @@ def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_reada
             return getattr(operators, name)
 
     monkeypatch.setattr(modeling_txl, "compiled_operators", lambda: Counting())
-    model = tiny_lm(**VARIANTS[variant])
+    model = tiny_lm(**ONE_ROW_SOFTMAX_VARIANTS[variant])
     softmax, width = model.adaptive_softmax, model.config.d_model
+    assert (len(softmax.output_projections) == 0) == variant.endswith("_unprojected")
 
     def readable(hidden):
         softmax._one_row_log_probs = lambda hidden: None
@@ -882,11 +891,13 @@ def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_reada
 
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for scale in (1.0, 30.0):  # (30: log-probabilities far below 0, where a lost digit would show)
+        # (30: log-probabilities far below 0, where a lost digit would show; 1e3: logits whose exp overflows
+        # without the maximum subtracted)
+        for scale in (1.0, 30.0, 1e3):
             hidden = scale * torch.randn(1, width, generator=generator)
             log_probs = softmax(hidden)
             assert calls == ["adaptive_log_softmax_row"] and log_probs.shape == (1, softmax.bounds[-1])
-            torch.testing.assert_close(log_probs, readable(hidden), rtol=1e-6, atol=1e-5)
+            torch.testing.assert_close(log_probs, readable(hidden), rtol=1e-6, atol=1e-5 * scale)
             calls.clear()
         nan_row = torch.full((1, width), float("nan"))
         assert torch.isnan(softmax(nan_row)).all() and torch.isnan(readable(nan_row)).all() and calls
@@ -897,6 +908,9 @@ def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_reada
             softmax(rows[:1])
         softmax.double()(rows[:1].double())
         softmax.float()
+        torch.testing.assert_close(torch.func.vmap(softmax)(rows[:, None]), readable(rows)[:, None])
+        if softmax.n_clusters == 1:  # (the readable path takes any rank where there is one cluster)
+            assert softmax(rows[0]).shape == (softmax.bounds[-1],)
     softmax(rows[:1])  # a gradient may be asked for
     assert calls == []
 
@@ -916,6 +930,29 @@ def test_the_one_row_softmax_operator_says_which_input_is_wrong():
         operators.adaptive_log_softmax_row(hidden, [weight, bias, None])
     expected = torch.log_softmax(weight @ (hidden @ projection) + bias, dim=-1)
     torch.testing.assert_close(operators.adaptive_log_softmax_row(hidden, [weight, bias, projection]), expected)
+
+
+def test_forward_mode_ad_through_a_decoded_token_keeps_its_tangent():
+    """A dual input (`torch.autograd.forward_ad`) decoded at batch 1 without gradients keeps its tangent: the compiled
+    operators (no forward derivatives: the fused steps, the one-row products and softmax, the attention kernels) step
+    aside for torch's, and the logits' tangent is the float64 model's."""
+    import torch.autograd.forward_ad as fwAD
+
+    model = tiny_lm(mem_len=16)
+    ids = covering_ids(model.config.vocab_size, batch=1, length=9)
+    tangents = []
+    for dtype in (torch.float32, torch.float64):
+        model.to(dtype)
+        with torch.no_grad():
+            memory = model(ids[:, :8], use_cache=True).past_key_values
+            embedded = model.transformer.word_embeddings(ids[:, 8:])
+            direction = torch.linspace(-1, 1, embedded.numel(), dtype=dtype).view_as(embedded)
+            with fwAD.dual_level():
+                dual = fwAD.make_dual(embedded, direction)
+                logits = model(inputs_embeds=dual, past_key_values=memory, use_cache=True).logits
+                tangents.append(fwAD.unpack_dual(logits).tangent)
+    assert tangents[0] is not None and tangents[0].abs().max() > 0
+    torch.testing.assert_close(tangents[0].double(), tangents[1], rtol=1e-4, atol=1e-4)
 
 
 def _general_decoding(patch):

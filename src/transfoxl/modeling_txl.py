@@ -224,9 +224,15 @@ def sdpa_relative_attention(
     )
 
 
+def _forward_ad_active() -> bool:
+    """Whether a forward-mode AD level is open (`torch.autograd.forward_ad.dual_level`): dual tensors may flow even
+    without gradients, and the compiled operators have no forward derivative (their callers then take torch's)."""
+    return getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0
+
+
 def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `inputs` is one row (decoding a token at batch 1) in float CPU inference, outside autocast and tracing:
-    where `kernels_txl.one_row_linear` applies."""
+    """Whether `inputs` is one row (decoding a token at batch 1) in float CPU inference, outside autocast, tracing and
+    forward-mode AD: where `kernels_txl.one_row_linear` applies."""
     return (
         inputs.numel() == inputs.shape[-1]
         and inputs.is_cpu
@@ -234,6 +240,7 @@ def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
         and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        and not _forward_ad_active()
     )
 
 
@@ -401,6 +408,7 @@ class TxlRelativeAttention(nn.Module):
             and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
             and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
             and not torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
+            and not _forward_ad_active()
         )
 
     def projection_version(self) -> tuple | None:
@@ -936,12 +944,15 @@ class TxlAdaptiveLogSoftmax(nn.Module):
     def _one_row_log_probs(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """`forward` for one row (a token decoded at batch 1) in float32 CPU inference, in one call of the compiled
         `adaptive_log_softmax_row` instead of a dozen operator calls: the same log-probabilities within float32
-        rounding. None where that does not apply."""
+        rounding (where all of a cluster's logits are -inf, tokens banned by their biases, -inf where the readable
+        path gives NaN). None where that does not apply."""
         head_weight = self._own_parameters(0)[0]
         if (
-            hidden_states.dtype != torch.float32
+            hidden_states.dim() != 2
+            or hidden_states.dtype != torch.float32
             or not _one_row_inference(hidden_states, head_weight)
             or torch.jit.is_tracing()  # (a traced graph holds portable operators)
+            or torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
             or (operators := compiled_operators()) is None
         ):
             return None
