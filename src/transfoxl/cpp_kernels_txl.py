@@ -836,9 +836,8 @@ inline void row_streams(const float* w, const float* x, const float* b, float* y
 
 // Rows [begin, end) of y = w x + b (b may be null) for a row-major weight w [out, I]. The range is contiguous memory;
 // cut into four parts read side by side, it makes four long sequential streams, which the hardware prefetcher
-// follows from page to page: on the AMD EPYC of family 26 the wt103 decode step 0.83-0.96x against eight
-// neighbouring rows at a time (eight streams restarting on every 4 KB row; docs/performance.md). Short rows sixteen
-// at a time.
+// follows from page to page, where eight neighbouring rows at a time made eight streams that started over on every
+// row (docs/performance.md has the rates). Short rows sixteen at a time.
 inline void linear_rows(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
                         int64_t end) {
   constexpr int R = 4;
