@@ -73,6 +73,7 @@ SOURCE = r"""
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -215,8 +216,10 @@ inline float row_maximum(const float* s, int64_t n) {
   return maximum;
 }
 
-// s[j] = exp(s[j] - maximum) for j < n, in place (the softmax before its division); returns their sum.
-inline float exponentiate(float* s, int64_t n, float maximum) {
+// The sum of exp(s[j] - maximum) over j < n (maximum >= every s[j]); where kWrite, each s[j] replaced by its exp (the
+// softmax before its division), else s only read.
+template <bool kWrite>
+inline float exponentials(std::conditional_t<kWrite, float*, const float*> s, int64_t n, float maximum) {
   const __m256 max_vector = _mm256_set1_ps(maximum);
   __m256 sum_vector = _mm256_setzero_ps();
   int64_t j = 0;
@@ -225,23 +228,27 @@ inline float exponentiate(float* s, int64_t n, float maximum) {
   __m512 wide_sum = _mm512_setzero_ps();
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), wide_max));
-    _mm512_storeu_ps(s + j, e);
+    if constexpr (kWrite) _mm512_storeu_ps(s + j, e);
     wide_sum = _mm512_add_ps(wide_sum, e);
   }
   sum_vector = _mm256_add_ps(_mm512_castps512_ps256(wide_sum), upper_half(wide_sum));
 #endif
   for (; j + 8 <= n; j += 8) {
     const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector));
-    _mm256_storeu_ps(s + j, e);
+    if constexpr (kWrite) _mm256_storeu_ps(s + j, e);
     sum_vector = _mm256_add_ps(sum_vector, e);
   }
   float sum = horizontal_sum(sum_vector);
   for (; j < n; ++j) {
-    s[j] = std::exp(s[j] - maximum);
-    sum += s[j];
+    const float e = std::exp(s[j] - maximum);
+    if constexpr (kWrite) s[j] = e;
+    sum += e;
   }
   return sum;
 }
+
+// s[j] = exp(s[j] - maximum) for j < n, in place (the softmax before its division); returns their sum.
+inline float exponentiate(float* s, int64_t n, float maximum) { return exponentials<true>(s, n, maximum); }
 
 // dst[c][r] = src[r][c] for an 8 x 8 block (rows src_stride / dst_stride floats apart).
 inline void transpose_8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
@@ -1174,26 +1181,6 @@ inline void rows_times_inputs(const float* w, const float* x, float* y, int64_t 
   for (int64_t e = begin + R * per; e < end; ++e) accumulate(w + e * d, x[e]);
 }
 
-// sum exp(s[j] - maximum) over j < n (maximum >= every s[j]), without writing s: `exponentiate`'s sum.
-inline float exponential_sum(const float* s, int64_t n, float maximum) {
-  float sum = 0.0f;
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  const __m512 wide_max = _mm512_set1_ps(maximum);
-  __m512 wide_sum = _mm512_setzero_ps();
-  for (; j + 16 <= n; j += 16)
-    wide_sum = _mm512_add_ps(wide_sum, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), wide_max)));
-  sum = _mm512_reduce_add_ps(wide_sum);
-#endif
-  const __m256 max_vector = _mm256_set1_ps(maximum);
-  __m256 sum_vector = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8)
-    sum_vector = _mm256_add_ps(sum_vector, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_vector)));
-  sum += horizontal_sum(sum_vector);
-  for (; j < n; ++j) sum += std::exp(s[j] - maximum);
-  return sum;
-}
-
 }  // namespace
 
 at::Tensor adaptive_log_softmax_row(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& clusters) {
@@ -1277,8 +1264,8 @@ at::Tensor adaptive_log_softmax_row(const at::Tensor& hidden, const c10::List<st
       maximum[c] = -FLT_MAX;
       for (int u = 0; u < T; ++u) maximum[c] = std::max(maximum[c], maxima[u * C + c]);
       auto [r0, r1] = thread_share(parts[c].rows, t, T, 16);
-      float sum = exponential_sum(out + parts[c].first + r0, r1 - r0, maximum[c]);
-      if (c == 0 && t == T - 1) sum += exponential_sum(tails.data(), C - 1, maximum[c]);
+      float sum = exponentials<false>(out + parts[c].first + r0, r1 - r0, maximum[c]);
+      if (c == 0 && t == T - 1) sum += exponentials<false>(tails.data(), C - 1, maximum[c]);
       sums[t * C + c] = sum;
     }
 #pragma omp barrier

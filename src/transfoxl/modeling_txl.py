@@ -244,6 +244,14 @@ def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _compiled_float32(tensors) -> bool:
+    """Whether every tensor (None allowed) is what the compiled CPU operators take: float32, on the CPU, contiguous."""
+    return all(
+        tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
+        for tensor in tensors
+    )
+
+
 def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`; one row in CPU inference goes through `one_row_linear` (the same product, read faster)."""
     if _one_row_inference(inputs, weight):
@@ -721,10 +729,7 @@ class TxlLayer(GradientCheckpointingLayer):
             *_weight_and_bias(down_proj),
             *_weight_and_bias(ffn_norm),
         )
-        if any(tensors[i] is None for i in (0, 1, 2, 3, 5, 6, 7, 9, 11, 12)) or not all(
-            tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
-            for tensor in tensors
-        ):
+        if any(tensors[i] is None for i in (0, 1, 2, 3, 5, 6, 7, 9, 11, 12)) or not _compiled_float32(tensors):
             return None
         return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm
 
@@ -959,10 +964,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         tensors = [tensor for cluster in range(self.n_clusters) for tensor in self._own_parameters(cluster)]
         if self.n_clusters > 1:
             tensors += (self.cluster_weight, self.cluster_bias)
-        if not all(
-            tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
-            for tensor in tensors
-        ):
+        if not _compiled_float32(tensors):
             return None
         return operators.adaptive_log_softmax_row(hidden_states.reshape(-1).contiguous(), tensors).view(1, -1)
 
