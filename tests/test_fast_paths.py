@@ -823,6 +823,28 @@ def test_the_compiled_one_row_product_equals_f_linear(out_features, in_features)
                 assert torch.equal(part, output.view(-1)[begin:end]), (begin, end)
 
 
+@pytest.mark.parametrize("offset", [1, 4, 8, 15])
+@pytest.mark.parametrize(("out_features", "in_features"), [(100, 1024), (7, 32), (1000, 513)])
+def test_the_one_row_product_of_a_weight_off_its_cache_lines(offset, out_features, in_features):
+    """A weight that does not start on a cache line (a checkpoint's tensors sit where the file put them, 16 or 32
+    bytes off), here a view `offset` floats into a buffer: rows of a multiple of 16 floats are read with a masked first
+    and last vector and whole lines between. F.linear within float32 rounding, and any slice of the rows gives the
+    same bits as the whole."""
+    operators = compiled_operators()
+    if operators is None:
+        pytest.skip("the compiled kernel is for Linux on x86-64 with AVX2")
+    generator = torch.Generator().manual_seed(offset)
+    buffer = torch.randn(out_features * in_features + 16, generator=generator)
+    weight = buffer[offset : offset + out_features * in_features].view(out_features, in_features)
+    row, bias = torch.randn(in_features, generator=generator), torch.randn(out_features, generator=generator)
+    assert weight.data_ptr() % 64 != 0 or offset % 16 == 0
+    output = operators.row_linear(row, weight, bias)
+    expected = (weight.double() @ row.double() + bias.double()).float()
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=2e-4)
+    for begin, end in ((1, out_features), (0, out_features - 1), (out_features // 3, out_features // 2 + 1)):
+        assert torch.equal(operators.row_linear(row, weight[begin:end], bias[begin:end]), output[begin:end])
+
+
 def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logits(monkeypatch):
     """Where the fused layer step does not apply (here: turned off; in use, an adapter or hook on a sub-layer, MC
     dropout), each linear product of a decoded token at batch 1 (projections, feed-forward) goes through

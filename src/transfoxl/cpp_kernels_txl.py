@@ -818,10 +818,47 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
 // streams, stream r reading its `per` consecutive rows one after another (R independent sums, the row of inputs
 // staying in L1). Each row's sum is made the same way whatever R is (one vector accumulator over the row, then its
 // horizontal sum, then the tail): a row's value does not depend on the group or thread it falls in.
+#if defined(__AVX512F__)
+// row_streams for rows that all start `lead` floats (1 to 15) before the end of a cache line (rows of a multiple of
+// 16 floats in a weight off its lines, as a checkpoint's tensors sit where the file put them): a masked first vector
+// up to the line, whole lines after, a masked last vector, so that no load of the weight spans two lines (which read
+// slower at the memory's full rate: docs/performance.md).
+template <int R>
+inline void row_streams_off_line(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t first,
+                                 int64_t per, int64_t lead) {
+  const int64_t stream = per * I;
+  const auto head = static_cast<__mmask16>((1u << lead) - 1), tail = static_cast<__mmask16>((1u << (16 - lead)) - 1);
+  for (int64_t j = 0; j < per; ++j) {
+    const float* rows = w + (first + j) * I;
+    __m512 acc[R];
+    const __m512 x_head = _mm512_maskz_loadu_ps(head, x);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(head, rows + r * stream), x_head);
+    int64_t i = lead;
+    for (; i + 16 <= I; i += 16) {
+      const __m512 xi = _mm512_loadu_ps(x + i);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(rows + r * stream + i), xi, acc[r]);
+    }
+    const __m512 x_tail = _mm512_maskz_loadu_ps(tail, x + i);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, rows + r * stream + i), x_tail, acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const float sum = _mm512_reduce_add_ps(acc[r]);
+      const int64_t row = first + r * per + j;
+      y[row] = b == nullptr ? sum : sum + b[row];
+    }
+  }
+}
+#endif
+
 template <int R>
 inline void row_streams(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t first,
                         int64_t per) {
   using V = Wide;
+#if defined(__AVX512F__)
+  const auto offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(w + first * I) % 64);
+  if (I % 16 == 0 && offset != 0 && offset % 4 == 0)  // (every row at the same offset in its line)
+    return row_streams_off_line<R>(w, x, b, y, I, first, per, 16 - offset / 4);
+#endif
   const int64_t stream = per * I;  // floats between a row and the same row of the next stream
   for (int64_t j = 0; j < per; ++j) {
     V acc[R];
