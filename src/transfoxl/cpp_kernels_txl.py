@@ -814,10 +814,6 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
   return output;
 }
 
-// Rows first + r per + j (r < R, j < per) of y = w x + b (b may be null) for a row-major weight w [out, I]: R
-// streams, stream r reading its `per` consecutive rows one after another (R independent sums, the row of inputs
-// staying in L1). Each row's sum is made the same way whatever R is (one vector accumulator over the row, then its
-// horizontal sum, then the tail): a row's value does not depend on the group or thread it falls in.
 #if defined(__AVX512F__)
 // row_streams for rows that all start `lead` floats (1 to 15) before the end of a cache line (rows of a multiple of
 // 16 floats in a weight off its lines, as a checkpoint's tensors sit where the file put them): a masked first vector
@@ -850,6 +846,11 @@ inline void row_streams_off_line(const float* w, const float* x, const float* b,
 }
 #endif
 
+// Rows first + r per + j (r < R, j < per) of y = w x + b (b may be null) for a row-major weight w [out, I]: R
+// streams, stream r reading its `per` consecutive rows one after another (R independent sums, the row of inputs
+// staying in L1). Each row's sum is made the same way whatever R is (one vector accumulator over the row, then its
+// horizontal sum, then the tail; for a weight off its lines, row_streams_off_line's order, for all its rows alike): a
+// row's value does not depend on the group or thread it falls in.
 template <int R>
 inline void row_streams(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t first,
                         int64_t per) {

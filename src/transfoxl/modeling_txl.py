@@ -231,15 +231,17 @@ def _forward_ad_active() -> bool:
 
 
 def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `inputs` is one row (decoding a token at batch 1) in float CPU inference, outside autocast, tracing and
-    forward-mode AD: where `kernels_txl.one_row_linear` applies."""
+    """Whether `inputs` is one row (decoding a token at batch 1) in float CPU inference, outside autocast, tracing
+    (torch.compile, torch.export, torch.jit), functorch transforms (vmap, grad) and forward-mode AD: where
+    `kernels_txl.one_row_linear` and the other one-row compiled operators (no rules for those) apply."""
     return (
         inputs.numel() == inputs.shape[-1]
         and inputs.is_cpu
         and inputs.dtype == weight.dtype
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
-        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+        and not torch._C._are_functorch_transforms_active()
         and not _forward_ad_active()
     )
 
@@ -741,8 +743,6 @@ def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) ->
     if (
         hidden_states.dtype != torch.float32
         or not _one_row_inference(hidden_states, hidden_states)  # (the weights' types: each layer's part)
-        or torch.jit.is_tracing()
-        or torch._C._are_functorch_transforms_active()
         or _global_module_hooks()
         or (mask is not None and (mask.dtype != torch.bool or mask.numel() != mask.shape[-1]))
     ):
@@ -954,10 +954,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         head_weight = self._own_parameters(0)[0]
         if (
             hidden_states.dim() != 2
-            or hidden_states.dtype != torch.float32
-            or not _one_row_inference(hidden_states, head_weight)
-            or torch.jit.is_tracing()  # (a traced graph holds portable operators)
-            or torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
+            or not _one_row_inference(hidden_states, head_weight)  # (float32: the weights', checked below)
             or (operators := compiled_operators()) is None
         ):
             return None
