@@ -1189,6 +1189,42 @@ def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypat
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("where", ["model config", "one layer's own config"])
+def test_the_fused_decoding_steps_follow_each_attention_s_implementation(monkeypatch, where):
+    """The model reads its config's attention implementation once per token for all layers; an attention holding a
+    config of its own (a layer built apart) is asked itself. Where one asks for eager (the readable reference), the
+    model's fused step is not taken, nor that layer's; the other layers still take theirs; the logits are the
+    general path's."""
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(n_layer=3)
+    model.config._attn_implementation = "sdpa"
+    eager_layers = range(3)
+    if where == "model config":
+        model.config._attn_implementation = "eager"
+    else:
+        own = copy.deepcopy(model.config)
+        own._attn_implementation = "eager"
+        model.transformer.layers[1].attention.config = own
+        eager_layers = [1]
+    ids = covering_ids(model.config.vocab_size, batch=1, length=8)
+    taken = {"model": [], "layer": []}
+    results = []
+    for fused in (True, False):
+        with monkeypatch.context() as patch:
+            if fused:
+                _counting_fused_steps(patch, taken)
+            else:
+                _general_decoding(patch)
+            with torch.no_grad():
+                memory = model(ids[:, :5], use_cache=True).past_key_values
+                steps = [model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(5, 8)]
+        results.append(torch.cat(steps))
+    assert taken["model"] == [False] * 3
+    assert taken["layer"] == [layer not in eager_layers for _ in range(3) for layer in range(3)]
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "where", ["fused model step", "fused step", "general path", "segment", "training", "output head", "labels"]
 )
@@ -1454,6 +1490,20 @@ def test_adaptive_embedding_by_cluster_equals_the_masked_path(config_name):
         for bad in (torch.tensor([[vocab]]), torch.tensor([[-1]]), torch.tensor([[1, vocab + 3]])):
             with pytest.raises(IndexError, match=f"outside the vocabulary \\[0, {vocab}\\)"):
                 embedding(bad)
+        # One token reads its table's row itself, unless the table is hooked or renormalises the rows it looks up
+        # (max_norm): the module is called then, its hook runs, the row is rescaled in place.
+        calls = []
+        token = torch.tensor([[embedding.bounds[1] + 2]])
+        expected = embedding._embed_masked(token) * embedding.scale
+        handle = embedding.embeddings[1].register_forward_hook(lambda module, inputs, output: calls.append(inputs[0]))
+        torch.testing.assert_close(embedding(token), expected)
+        handle.remove()
+        assert len(calls) == 1 and calls[0].tolist() == [[2]]
+        table = embedding.embeddings[0]
+        table.max_norm = 0.5 * float(table.weight[3].norm())
+        embedding(torch.tensor([[3]]))
+        assert float(table.weight[3].norm()) <= table.max_norm * 1.0001
+        table.max_norm = None
     embedding(cases[1]).sum().backward()  # tokens of the first cluster only
     assert all(parameter.grad is not None for parameter in embedding.parameters())
     assert not embedding.embeddings[-1].weight.grad.any()

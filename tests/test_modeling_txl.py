@@ -506,6 +506,9 @@ def test_bad_inputs_get_clear_errors():
         model(torch.tensor([[1, 97]]))
     with pytest.raises(ValueError, match="token id -1"):
         model(torch.tensor([[-1, 3]]))
+    for bad in (-1, 97):  # one token (decoding): read back alone
+        with pytest.raises(ValueError, match=rf"token id {bad}, outside the vocabulary \[0, 97\)"):
+            model(torch.tensor([[bad]]))
     with pytest.raises(ValueError, match="must be \\[batch, seq_len\\]"):
         model(ids[0])
     with pytest.raises(ValueError, match="input_ids is empty"):

@@ -58,6 +58,9 @@ def token_id_outside(ids: torch.Tensor, vocab_size: int) -> int | None:
 
     Reads two numbers back to the host: a synchronisation on accelerators.
     """
+    if ids.numel() == 1:  # (a decoded token: one number read back, not two reductions)
+        token = int(ids)
+        return token if token < 0 or token >= vocab_size else None
     low, high = int(ids.min()), int(ids.max())
     if low < 0:
         return low

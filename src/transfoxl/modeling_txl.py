@@ -248,10 +248,11 @@ def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _compiled_float32(tensors) -> bool:
     """Whether every tensor (None allowed) is what the compiled CPU operators take: float32, on the CPU, contiguous."""
-    return all(
-        tensor is None or (tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous())
-        for tensor in tensors
-    )
+    float32 = torch.float32
+    for tensor in tensors:  # (a loop, not all() over a generator: some 250 tensors a decoded token)
+        if tensor is not None and not (tensor.dtype is float32 and tensor.is_cpu and tensor.is_contiguous()):
+            return False
+    return True
 
 
 def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -263,7 +264,11 @@ def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 # The forward of each module type that `_is_bare` may skip, as torch or this file defines it (a patched class keeps
 # its call); the model's sub-layers are added below their classes.
-_PLAIN_FORWARDS = {nn.Linear: nn.Linear.forward, nn.LayerNorm: nn.LayerNorm.forward}
+_PLAIN_FORWARDS = {
+    nn.Linear: nn.Linear.forward,
+    nn.LayerNorm: nn.LayerNorm.forward,
+    nn.Embedding: nn.Embedding.forward,
+}
 
 
 def _is_bare(module: nn.Module, kind: type[nn.Module]) -> bool:
@@ -275,14 +280,16 @@ def _is_bare(module: nn.Module, kind: type[nn.Module]) -> bool:
 
 def _is_unhooked(module: nn.Module, kind: type[nn.Module]) -> bool:
     """`_is_bare` without the global hooks (asked once for many modules)."""
-    return (
-        type(module) is kind
-        and kind.forward is _PLAIN_FORWARDS[kind]
-        and not module._forward_hooks
-        and not module._forward_pre_hooks
-        and not module._backward_hooks
-        and not module._backward_pre_hooks
-        and "forward" not in module.__dict__  # accelerate's offloading hooks replace forward on the instance
+    if type(module) is not kind or kind.forward is not _PLAIN_FORWARDS[kind]:
+        return False
+    # (from the instance's dict: attribute lookups cost as much again, for a check made some 160 times a token)
+    state = module.__dict__
+    return not (
+        state["_forward_hooks"]
+        or state["_forward_pre_hooks"]
+        or state["_backward_hooks"]
+        or state["_backward_pre_hooks"]
+        or "forward" in state  # accelerate's offloading hooks replace forward on the instance
     )
 
 
@@ -303,7 +310,7 @@ def _is_bare_linear(module: nn.Module) -> bool:
 def _is_plain_linear(module: nn.Module) -> bool:
     """Whether `module` is a bare `nn.Linear` without bias: its weight alone then says what it computes, so the weight
     may be sliced, and results keyed on it."""
-    return _is_bare_linear(module) and module.bias is None
+    return _is_bare_linear(module) and module._parameters["bias"] is None
 
 
 def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
@@ -426,9 +433,13 @@ class TxlRelativeAttention(nn.Module):
         None where that cannot be told (an adapter or hook on the projection, tracing): nothing is then kept."""
         if not _inference_caches_apply(self.qkv_proj):
             return None
-        weights = [self.qkv_proj.weight]
         if self.pre_lnorm:
-            weights += [self.layer_norm.weight, self.layer_norm.bias]
+            return self._projection_key(self.qkv_proj.weight, self.layer_norm.weight, self.layer_norm.bias)
+        return self._projection_key(self.qkv_proj.weight)
+
+    def _projection_key(self, *weights: torch.Tensor | None) -> tuple:
+        """`projection_version` from the weights it names (the projection's, and pre-LN's norm's), for decoding's
+        fused step, which has them at hand and has checked the conditions on its own."""
         return (
             *((weight.data_ptr(), weight._version) for weight in weights if weight is not None),
             self._training_phases,
@@ -450,17 +461,19 @@ class TxlRelativeAttention(nn.Module):
         training = self.training or torch.is_grad_enabled()
         if training and not torch.compiler.is_compiling():  # (a traced graph would guard on the count: train() does)
             self._forget_inference_results()
-        if training or not _inference_caches_apply(self.pos_proj):
-            return self.pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
+        pos_proj = self._modules["pos_proj"]
+        if training or not _inference_caches_apply(pos_proj):
+            return pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
         # Inference: `positions` is the last K rows of the model's table; its projection depends only on the weights,
         # so the whole table is projected once and kept, instead of all K distances again for every decoded token.
         table = positions if positions._base is None else positions._base  # [L, E], L >= K
-        weight = self.pos_proj.weight
-        autocast = torch.is_autocast_enabled(table.device.type) and torch.get_autocast_dtype(table.device.type)
+        weight = pos_proj._parameters["weight"]  # (a bare nn.Linear: its parameter, without Module.__getattr__)
+        device_type = table.device.type
+        autocast = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
         key = (weight.data_ptr(), weight._version, autocast)
         cached = self._position_table
         if cached is None or cached[0] != key or cached[1] is not table:
-            projected = self.pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
+            projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
             cached = self._position_table = (key, table, projected.contiguous())  # [H, L, D], heads apart
         projected = cached[2]
         return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
@@ -683,7 +696,11 @@ class TxlLayer(GradientCheckpointingLayer):
         return output.view(hidden_states.shape)
 
     def _decode_step(
-        self, store: TxlMemoryLayer, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
+        self,
+        store: TxlMemoryLayer,
+        content_bias: torch.Tensor | None,
+        position_bias: torch.Tensor | None,
+        sdpa_config: object | None = None,
     ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool] | None:
         """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's): eval mode,
         bare sub-layers and linear and norm layers (no hooks, adapters, replaced forwards), the sdpa implementation,
@@ -691,7 +708,8 @@ class TxlLayer(GradientCheckpointingLayer):
         tensors (qkv weight, u, v, output weight and bias, the attention's norm weight and bias, the feed-forward's
         weights and biases, its norm weight and bias: `decode_layers`' order after the memory's), its scaling and the
         two norms' eps, and pre_lnorm; None where the step does not apply. `content_bias`, `position_bias`: the
-        model's shared u and v, or None for the attention's own (untie_r)."""
+        model's shared u and v, or None for the attention's own (untie_r). `sdpa_config`: a config the caller has
+        seen ask for sdpa (read once for all layers: a config attribute costs a microsecond or two), or None."""
         # The sub-modules and parameters from their registries: what attribute access returns for them, without
         # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token); each read
         # only once its module is known to be the model's own kind (an adapter has other children and parameters).
@@ -710,13 +728,13 @@ class TxlLayer(GradientCheckpointingLayer):
             or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
             or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
             or qkv_proj._parameters["bias"] is not None
-            or getattr(attention.config, "_attn_implementation", None) != "sdpa"  # (eager: the readable reference)
+            or not (
+                attention.config is sdpa_config  # (eager: the readable reference)
+                or getattr(attention.config, "_attn_implementation", None) == "sdpa"
+            )
             or attention.d_head % 8 != 0
             or _dropout_acts(attention._modules["dropout"])
             or _dropout_acts(ffn._modules["dropout"])
-            or (version := attention.projection_version()) is None
-            or not store.has_projections(version)
-            or not store.kept_as(torch.float32)
         ):
             return None
         if content_bias is None:
@@ -732,6 +750,10 @@ class TxlLayer(GradientCheckpointingLayer):
             *_weight_and_bias(ffn_norm),
         )
         if any(tensors[i] is None for i in (0, 1, 2, 3, 5, 6, 7, 9, 11, 12)) or not _compiled_float32(tensors):
+            return None
+        # projection_version's value: the projection is bare without a bias, nothing traced (`_one_row_decoding`)
+        version = attention._projection_key(tensors[0], *(tensors[5:7] if attention.pre_lnorm else ()))
+        if not (store.has_projections(version) and store.kept_as(torch.float32)):
             return None
         return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm
 
@@ -819,14 +841,18 @@ class TxlAdaptiveEmbedding(nn.Module):
         cluster's tokens costs no synchronisation there, and the other clusters are neither computed nor read (a
         decoded token reads one table row and one projection, instead of every projection). The same values as the
         masked path (to float32 rounding: BLAS may sum a few rows in another order)."""
-        flat = input_ids.reshape(-1)
-        if flat.shape[0] == 1:  # one token (decoding at batch 1): its cluster, found on the host
-            token = int(flat[0])
+        if input_ids.numel() == 1:  # one token (decoding at batch 1): its cluster, found on the host
+            token = int(input_ids)
             cluster = bisect.bisect_right(self.bounds, token) - 1
             if not 0 <= cluster < len(self.embeddings):
                 raise IndexError(f"Token id {token} is outside the vocabulary [0, {self.bounds[-1]}).")
-            low = self.bounds[cluster]
-            return _linear(self.embeddings[cluster](input_ids - low), self.projections[cluster])  # (one row)
+            table = self.embeddings._modules[str(cluster)]
+            projection = self.projections._parameters[str(cluster)]
+            if _is_bare(table, nn.Embedding) and table.max_norm is None:  # (max_norm rescales rows on lookup)
+                row = table._parameters["weight"][token - self.bounds[cluster]]  # [d_i], a view
+                return _linear(row, projection).view(*input_ids.shape, self.d_model)  # (one row)
+            return _linear(table(input_ids - self.bounds[cluster]), projection)
+        flat = input_ids.reshape(-1)
         embeddings, embedded = None, 0
         for cluster, (table, projection) in enumerate(zip(self.embeddings, self.projections)):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
@@ -1198,11 +1224,11 @@ class TxlModel(TxlPreTrainedModel):
             memory = TxlMemory.from_config(self.config)
         if memory is None:
             return None
-        if len(memory.layers) != self.config.n_layer:
-            raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {self.config.n_layer}.")
-        if memory.get_seq_length() > 0:
+        if len(memory.layers) != len(self.layers):
+            raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {len(self.layers)}.")
+        if (held := memory.layers[0].read(False).hidden) is not None:
             # Layer 0 only: with a device map, later layers' memories live on their own layers' devices.
-            check_memory_fits(memory.layers[0].read(False).hidden, hidden_states, self.config.d_model)
+            check_memory_fits(held, hidden_states, self.config.d_model)
         elif self.config.memory_init == "zeros" and memory.mem_len > 0:
             # v4 behaviour: a new stream starts with mem_len zero vectors that the first segment attends to.
             zeros = hidden_states.new_zeros(batch, memory.mem_len, self.config.d_model)
@@ -1265,12 +1291,14 @@ class TxlModel(TxlPreTrainedModel):
         if (operators := _one_row_decoding(hidden_states, mask)) is None:
             return None
         shared_biases = (None, None) if untie_r else (self.content_bias, self.position_bias)
+        config = self.config
+        sdpa_config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
         steps = []
         for layer, memory_layer in zip(self.layers, memory_layers):
             if (
                 not _is_unhooked(layer, TxlLayer)
                 or not hasattr(memory_layer, "append_token_room")  # (a memory of an older copy of memory_txl.py)
-                or (step := layer._decode_step(memory_layer, *shared_biases)) is None
+                or (step := layer._decode_step(memory_layer, *shared_biases, sdpa_config)) is None
             ):
                 return None
             steps.append(step)
