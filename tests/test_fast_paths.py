@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.prune
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_config, tiny_lm
@@ -1504,6 +1505,12 @@ def test_adaptive_embedding_by_cluster_equals_the_masked_path(config_name):
         embedding(torch.tensor([[3]]))
         assert float(table.weight[3].norm()) <= table.max_norm * 1.0001
         table.max_norm = None
+    # A projection supplied by a parametrization (pruning's mask, say) is what one token is projected with too
+    torch.nn.utils.prune.l1_unstructured(embedding.projections, name="1", amount=0.3)
+    with torch.no_grad():
+        token = torch.tensor([[embedding.bounds[1] + 2]])
+        torch.testing.assert_close(embedding(token), embedding._embed_masked(token) * embedding.scale)
+    torch.nn.utils.prune.remove(embedding.projections, "1")
     embedding(cases[1]).sum().backward()  # tokens of the first cluster only
     assert all(parameter.grad is not None for parameter in embedding.parameters())
     assert not embedding.embeddings[-1].weight.grad.any()

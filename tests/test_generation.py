@@ -60,16 +60,32 @@ def test_cached_projections_give_the_same_outputs_as_reprojecting_the_memory(var
         torch.testing.assert_close(cached.logits, reprojected.logits.detach(), rtol=0, atol=1e-5)
 
 
-def test_cached_projections_are_dropped_when_the_weights_change():
-    model = tiny_lm(mem_len=8)
+@pytest.mark.parametrize("tokens", [1, 2])  # one: decoding's fused step, which keys the kept projections itself
+@pytest.mark.parametrize("changed", ["qkv weight", "pre-LN norm weight", "pre-LN norm bias"])
+def test_cached_projections_are_dropped_when_the_weights_change(changed, tokens):
+    """The kept keys and values are made from the memory by the query-key-value weight (and, pre-LN, the attention's
+    norm): changed in place, as by an optimizer step, they are made again, for a segment and for one token."""
+    model = tiny_lm(mem_len=8, pre_lnorm=changed.startswith("pre-LN"))
     with torch.no_grad():
         with_projections = model(ids(1, 6)).past_key_values
-    hidden_only = model(ids(1, 6)).past_key_values  # same hidden states, no projections (gradients on)
+    # The same hidden states without projections (not from a forward with gradients on: that would start a new
+    # training phase, which alone drops what inference kept)
+    hidden_only = copy.deepcopy(with_projections)
+    for layer in hidden_only.layers:
+        layer.drop_projections()
+    attention = model.transformer.layers[1].attention
+    weight = {
+        "qkv weight": attention.qkv_proj.weight,
+        "pre-LN norm weight": attention.layer_norm.weight,
+        "pre-LN norm bias": attention.layer_norm.bias,
+    }[changed]
     with torch.no_grad():
-        model.transformer.layers[0].attention.qkv_proj.weight.mul_(1.5)  # in place, as an optimizer step
-        after_change = model(ids(1, 2, seed=1), past_key_values=with_projections).logits
-    reference = model(ids(1, 2, seed=1), past_key_values=hidden_only).logits.detach()
+        before = model(ids(1, tokens, seed=1), past_key_values=copy.deepcopy(with_projections)).logits
+        weight.mul_(1.5).add_(0.1)  # in place, as an optimizer step
+        after_change = model(ids(1, tokens, seed=1), past_key_values=with_projections).logits
+        reference = model(ids(1, tokens, seed=1), past_key_values=hidden_only).logits
     torch.testing.assert_close(after_change, reference, rtol=0, atol=1e-5)
+    assert (after_change - before).abs().max() > 1e-3  # (the change matters)
 
 
 def test_kept_results_are_dropped_by_training_with_a_fused_optimizer():

@@ -310,7 +310,7 @@ def _is_bare_linear(module: nn.Module) -> bool:
 def _is_plain_linear(module: nn.Module) -> bool:
     """Whether `module` is a bare `nn.Linear` without bias: its weight alone then says what it computes, so the weight
     may be sliced, and results keyed on it."""
-    return _is_bare_linear(module) and module._parameters["bias"] is None
+    return _is_bare_linear(module) and module.bias is None
 
 
 def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
@@ -467,7 +467,7 @@ class TxlRelativeAttention(nn.Module):
         # Inference: `positions` is the last K rows of the model's table; its projection depends only on the weights,
         # so the whole table is projected once and kept, instead of all K distances again for every decoded token.
         table = positions if positions._base is None else positions._base  # [L, E], L >= K
-        weight = pos_proj._parameters["weight"]  # (a bare nn.Linear: its parameter, without Module.__getattr__)
+        weight = pos_proj.weight
         device_type = table.device.type
         autocast = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
         key = (weight.data_ptr(), weight._version, autocast)
@@ -847,9 +847,9 @@ class TxlAdaptiveEmbedding(nn.Module):
             if not 0 <= cluster < len(self.embeddings):
                 raise IndexError(f"Token id {token} is outside the vocabulary [0, {self.bounds[-1]}).")
             table = self.embeddings._modules[str(cluster)]
-            projection = self.projections._parameters[str(cluster)]
+            projection = self.projections[cluster]  # (by attribute: pruning or a parametrization may supply it)
             if _is_bare(table, nn.Embedding) and table.max_norm is None:  # (max_norm rescales rows on lookup)
-                row = table._parameters["weight"][token - self.bounds[cluster]]  # [d_i], a view
+                row = table.weight[token - self.bounds[cluster]]  # [d_i], a view
                 return _linear(row, projection).view(*input_ids.shape, self.d_model)  # (one row)
             return _linear(table(input_ids - self.bounds[cluster]), projection)
         flat = input_ids.reshape(-1)
@@ -1224,8 +1224,8 @@ class TxlModel(TxlPreTrainedModel):
             memory = TxlMemory.from_config(self.config)
         if memory is None:
             return None
-        if len(memory.layers) != len(self.layers):
-            raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {len(self.layers)}.")
+        if len(memory.layers) != self.config.n_layer:
+            raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {self.config.n_layer}.")
         if (held := memory.layers[0].read(False).hidden) is not None:
             # Layer 0 only: with a device map, later layers' memories live on their own layers' devices.
             check_memory_fits(held, hidden_states, self.config.d_model)
