@@ -1162,16 +1162,9 @@ def test_decoding_with_hidden_states_or_a_hooked_layer_takes_each_layer_s_fused_
         torch.testing.assert_close(fast, general, rtol=0, atol=1e-5)
 
 
-def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypatch):
-    """A feed-forward sub-layer switched to training on its own (its dropout module left in eval) still drops out in
-    the general path (its flag decides): the fused step must not be taken for it, and the logits are the general
-    path's, dropout masks included."""
-    if compiled_operators() is None:
-        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
-    model = tiny_lm(dropout=0.5)
-    for layer in model.transformer.layers:
-        layer.ffn.train()
-        layer.ffn.dropout.eval()
+def _three_tokens_fused_and_general(monkeypatch, model) -> tuple[dict[str, list[bool]], torch.Tensor, torch.Tensor]:
+    """Three tokens decoded one at a time after a 5-token prompt, with the fused steps counted, then with them off:
+    which fused steps were taken (`_counting_fused_steps`), and the two runs' logits (the same dropout masks)."""
     ids = covering_ids(model.config.vocab_size, batch=1, length=8)
     taken = {"model": [], "layer": []}
     results = []
@@ -1186,8 +1179,22 @@ def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypat
                 memory = model(ids[:, :5], use_cache=True).past_key_values
                 steps = [model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(5, 8)]
         results.append(torch.cat(steps))
+    return taken, *results
+
+
+def test_the_fused_decoding_layer_follows_a_sub_layer_in_training_mode(monkeypatch):
+    """A feed-forward sub-layer switched to training on its own (its dropout module left in eval) still drops out in
+    the general path (its flag decides): the fused step must not be taken for it, and the logits are the general
+    path's, dropout masks included."""
+    if compiled_operators() is None:
+        pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
+    model = tiny_lm(dropout=0.5)
+    for layer in model.transformer.layers:
+        layer.ffn.train()
+        layer.ffn.dropout.eval()
+    taken, fused, general = _three_tokens_fused_and_general(monkeypatch, model)
     assert taken["model"] == [False] * 3 and taken["layer"] and not any(taken["layer"])
-    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+    torch.testing.assert_close(fused, general, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("where", ["model config", "one layer's own config"])
@@ -1208,22 +1215,10 @@ def test_the_fused_decoding_steps_follow_each_attention_s_implementation(monkeyp
         own._attn_implementation = "eager"
         model.transformer.layers[1].attention.config = own
         eager_layers = [1]
-    ids = covering_ids(model.config.vocab_size, batch=1, length=8)
-    taken = {"model": [], "layer": []}
-    results = []
-    for fused in (True, False):
-        with monkeypatch.context() as patch:
-            if fused:
-                _counting_fused_steps(patch, taken)
-            else:
-                _general_decoding(patch)
-            with torch.no_grad():
-                memory = model(ids[:, :5], use_cache=True).past_key_values
-                steps = [model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(5, 8)]
-        results.append(torch.cat(steps))
+    taken, fused, general = _three_tokens_fused_and_general(monkeypatch, model)
     assert taken["model"] == [False] * 3
     assert taken["layer"] == [layer not in eager_layers for _ in range(3) for layer in range(3)]
-    torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(fused, general, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(
