@@ -7,6 +7,7 @@ import ast
 import json
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -88,6 +89,18 @@ def test_quick_run_wt103_part(quick_run: Path) -> None:
         1e3 * run["forward_step_s"] / wt103["run_floors_ms"][0]
     )
     assert wt103["mv_gbytes_per_s_ceiling"] >= run_bandwidth
+    # and each bare step against the floor at the bandwidth read right after it: the runs' memory lengths again
+    beside = wt103["steps_beside_bandwidth"]
+    if compiled_operators() is not None:
+        assert len(beside["steps_s"]) == len(beside["gbytes_per_s"]) == wt103["new_tokens"] - 1
+        floors_ms = [1e3 * wt103["step_bytes"]["total"] / (rate * 1e9) for rate in beside["gbytes_per_s"]]
+        assert wt103["step_floors_ms"] == pytest.approx(floors_ms)
+        ratios = [1e3 * step / floor for step, floor in zip(beside["steps_s"], floors_ms)]
+        assert wt103["ratio_to_floor"]["forward_step_each_paired"] == pytest.approx(statistics.median(ratios))
+        assert "each step / the floor read right after it" in (quick_run / "decode.md").read_text()
+    else:
+        assert beside == {"steps_s": [], "gbytes_per_s": []}
+        assert wt103["ratio_to_floor"]["forward_step_each_paired"] is None
     # the floors are the counts at the best rates the worker measured
     matmul = wt103["matmul_gflops_ceiling"]
     assert matmul == max(

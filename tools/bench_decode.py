@@ -42,7 +42,9 @@ an empty memory (transfoxl's default), in a fresh worker process (so that its pe
   product, or the compiled kernel's `row_linear`, the form the model uses where it is built; all over 256 MB)
   reaches in the same worker; and each run against the floor
   at the bandwidth measured just before it (the goal's row: the median of those ratios, as the host's other work
-  moves the bandwidth from run to run);
+  moves the bandwidth from run to run); and, where the compiled kernel is built, bare steps timed again, each against
+  the floor at the `row_linear` bandwidth read right after it (`steps_beside_bandwidth`: the host's phase can change
+  within a run, which the reading before it does not see);
 - peak RSS of the worker (the model, the prefill and the decode steps; the rate measurements' buffers excluded: the
   peak is reset once a run's bandwidth probe is freed, `machine.reset_peak_rss`).
 
@@ -428,6 +430,41 @@ def time_forward(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, 
     return {"prefill_s": prefill, "steps_s": steps, "tokens": torch.cat(tokens, dim=1).tolist()}
 
 
+@torch.no_grad()
+def steps_beside_bandwidth(
+    model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, runs: int, probe_shape: Sequence[int], repeats: int
+) -> dict[str, list[float]]:
+    """Bare one-token forwards as `time_forward` makes them (`runs` times the prompt, then `new_tokens - 1` steps:
+    the memory lengths the floor counts), each followed by the bandwidth of `row_linear` over a `probe_shape` matrix,
+    measured as the floor's (`time_repeated`: the median of `repeats` after two warm-ups): a step and the bandwidth
+    of the same moment, where a run's reading before it misses a phase of the host that changes within the run.
+    Empty lists where the compiled kernel is not built."""
+    from transfoxl.cpp_kernels_txl import compiled_operators
+
+    operators = compiled_operators()
+    if operators is None:
+        return {"steps_s": [], "gbytes_per_s": []}
+    matrix = torch.randn(*probe_shape)
+    probe = functools.partial(operators.row_linear, torch.randn(matrix.shape[1]), matrix, None)
+    steps, rates = [], []
+    for _ in range(runs):
+        output = model(input_ids=prompt, attention_mask=torch.ones_like(prompt), use_cache=True, logits_to_keep=1)
+        token = output.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(new_tokens - 1):
+            start = time.perf_counter()
+            output = model(
+                input_ids=token,
+                past_key_values=output.past_key_values,
+                attention_mask=torch.ones_like(token),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            token = output.logits[:, -1].argmax(-1, keepdim=True)
+            steps.append(time.perf_counter() - start)
+            rates.append(matrix.numel() * matrix.element_size() / time_repeated(probe, repeats) / 1e9)
+    return {"steps_s": steps, "gbytes_per_s": rates}
+
+
 def generate_run(generated: dict, load: float) -> dict:
     """One run of `time_generate` as the results keep it: its per-run median step."""
     return {
@@ -759,6 +796,9 @@ def wt103_worker(request: dict) -> dict:
         torch.save(log_probs.clone(), request["log_probs_path"])
     peak = max([*peaks, peak_rss_mb()])  # before the rates' buffers of the second measurement
     weight_bytes = weights_read_by_a_step(model)
+    beside = steps_beside_bandwidth(
+        model, prompt, new_tokens, request["runs"], request["mv_shapes"][0], max(3, repeats // 2)
+    )
     del model
     rates_after = {
         "matmul_gflops": matmul_rates(request["matmul_shapes"], repeats),
@@ -776,6 +816,7 @@ def wt103_worker(request: dict) -> dict:
         "rates_before": rates_before,
         "rates_after": rates_after,
         "runs": runs,
+        "steps_beside_bandwidth": beside,
         "zero_memory_runs": zero_runs if zero_memory else None,
         "threads": torch.get_num_threads(),
     }
@@ -1015,6 +1056,11 @@ def summarize_wt103(result: dict, request: dict) -> dict:
         "step": spread([1e3 * r["step_s"] / floor for r, floor in zip(runs, run_floors_ms)]),
         "forward_step": spread([1e3 * r["forward_step_s"] / floor for r, floor in zip(runs, run_floors_ms)]),
     }
+    # Each bare step against the floor at the bandwidth read right after it (the same moment, step by step).
+    beside = result["steps_beside_bandwidth"]
+    step_floors_ms = [1e3 * bytes_["total"] / (rate * 1e9) for rate in beside["gbytes_per_s"]]
+    if step_floors_ms:
+        paired["forward_each_step"] = spread([1e3 * t / f for t, f in zip(beside["steps_s"], step_floors_ms)])
     ratios = {
         "prefill": measured["prefill_s"]["median"] / floors["prefill_s"],
         "forward_prefill": measured["forward_prefill_s"]["median"] / floors["prefill_s"],
@@ -1022,6 +1068,7 @@ def summarize_wt103(result: dict, request: dict) -> dict:
         "forward_step": measured["forward_step_ms"]["median"] / floors["step_ms"],
         "step_paired": paired["step"]["median"],
         "forward_step_paired": paired["forward_step"]["median"],
+        "forward_step_each_paired": paired["forward_each_step"]["median"] if step_floors_ms else None,
     }
     return {
         "config_name": request["config_name"],
@@ -1048,12 +1095,14 @@ def summarize_wt103(result: dict, request: dict) -> dict:
         "step_bytes": bytes_,
         "floors": floors,
         "run_floors_ms": run_floors_ms,
+        "step_floors_ms": step_floors_ms,
         "paired_ratios": paired,
         "measured": measured,
         "ratio_to_floor": ratios,
         "prefill_tokens_per_s": prompt_len / measured["prefill_s"]["median"],
         "same_tokens": all(r["same_tokens"] for r in runs),
         "runs": runs,
+        "steps_beside_bandwidth": beside,
         "v4": None,  # run_wt103 adds summarize_v4's entry when transformers 4.37.2 ran
     }
 
@@ -1421,9 +1470,11 @@ def wt103_markdown(results: dict) -> str:
         f"floor: the bytes a step reads, {bytes_['total'] / 1e9:.3f} GB (weights {bytes_['weights'] / 1e9:.3f}, "
         f"keys/values of {bytes_['mean_memory_length']:.0f} memory positions {bytes_['keys_values'] / 1e9:.3f}, "
         f"positions {bytes_['positions'] / 1e9:.4f}), at the best matrix-vector bandwidth measured in the process, "
-        f"{wt103['mv_gbytes_per_s_ceiling']:.1f} GB/s; the last two rows compare each run with the floor at the "
+        f'{wt103["mv_gbytes_per_s_ceiling"]:.1f} GB/s; the rows "each run" compare each run with the floor at the '
         "bandwidth measured just before it (the host's other work moves it from run to run), medians of those "
-        "ratios.",
+        'ratios; the row "each step" (where the compiled kernel is built) times bare steps again, each followed by '
+        "`row_linear` over the first 256 MB probe matrix (the median of a few calls, as the floor's), and compares "
+        "each step with the floor at that reading: the host's phase can change within a run.",
         "",
         "| measure | measured | floor | measured / floor |",
         "|---|---|---|---|",
@@ -1439,6 +1490,16 @@ def wt103_markdown(results: dict) -> str:
         f"{cell(spread(wt103['run_floors_ms']), 1)} | {ratio_cell(wt103['paired_ratios']['step'])} |",
         f"| decode step, forward, each run / the floor just before it | | "
         f"{cell(spread(wt103['run_floors_ms']), 1)} | {ratio_cell(wt103['paired_ratios']['forward_step'])} |",
+        *(
+            [
+                f"| decode step, forward, each step / the floor read right after it | "
+                f"{cell(spread([1e3 * t for t in wt103['steps_beside_bandwidth']['steps_s']]), 1)} | "
+                f"{cell(spread(wt103['step_floors_ms']), 1)} | "
+                f"{ratio_cell(wt103['paired_ratios']['forward_each_step'])} |"
+            ]
+            if wt103["step_floors_ms"]
+            else []
+        ),
         "",
         f"Prefill {wt103['prefill_tokens_per_s']:.0f} tokens/s; generate() end to end ({wt103['prompt_len']} + "
         f"{wt103['new_tokens']} tokens) {cell(measured['total_s'], 2)} s. A decode step's products are "

@@ -160,6 +160,15 @@ def goals(decode: Mapping[str, Any] | None) -> list[Goal]:
             note="generate(), batch 1; each run against the bandwidth measured just before it, median of the runs",
         ),
         Goal(
+            "wt103 decode step / bandwidth floor, each bare step against the bandwidth read right after it",
+            "decode",
+            "wt103.ratio_to_floor.forward_step_each_paired",
+            lambda data: dig(data, "wt103", "ratio_to_floor", "forward_step_each_paired"),
+            "ratio",
+            note="forward calls, batch 1, each followed by a 256 MB row_linear reading; the median of the steps' "
+            "ratios (the host's phase can change within a run)",
+        ),
+        Goal(
             "wt103 decode step / bandwidth floor at the best bandwidth of the process",
             "decode",
             "wt103.ratio_to_floor.step",
