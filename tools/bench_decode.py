@@ -1473,7 +1473,7 @@ def wt103_markdown(results: dict) -> str:
         f'{wt103["mv_gbytes_per_s_ceiling"]:.1f} GB/s; the rows "each run" compare each run with the floor at the '
         "bandwidth measured just before it (the host's other work moves it from run to run), medians of those "
         'ratios; the row "each step" (where the compiled kernel is built) times bare steps again, each followed by '
-        "`row_linear` over the first 256 MB probe matrix (the median of a few calls, as the floor's), and compares "
+        "`row_linear` over the floor's first probe matrix (the median of a few calls, as the floor's), and compares "
         "each step with the floor at that reading: the host's phase can change within a run.",
         "",
         "| measure | measured | floor | measured / floor |",
