@@ -400,11 +400,18 @@ def time_generate(
 
 
 @torch.no_grad()
-def time_forward(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, impl: str) -> dict[str, Any]:
+def time_forward(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    impl: str,
+    after_step: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """The model calls generate() makes, timed alone: the prompt's forward, then one-token forwards with the cache.
 
     Each gets what generate() passes it: the cache, `logits_to_keep=1` and an all-ones attention mask (GPT-2 takes
-    the whole sequence's, transfoxl the new tokens' columns: its memory remembers earlier padding).
+    the whole sequence's, transfoxl the new tokens' columns: its memory remembers earlier padding). `after_step`,
+    called after each step's timing, gives a number kept beside it (`after_steps`).
     """
     batch = prompt.shape[0]
     mask = torch.ones_like(prompt)
@@ -412,7 +419,7 @@ def time_forward(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, 
     output = model(input_ids=prompt, attention_mask=mask, use_cache=True, logits_to_keep=1)
     token = output.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
     prefill = time.perf_counter() - start
-    tokens, steps = [token], []
+    tokens, steps, after = [token], [], []
     for _ in range(new_tokens - 1):
         cache = output.past_key_values
         if impl == "gpt2":
@@ -427,18 +434,23 @@ def time_forward(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, 
         token = output.logits[:, -1].argmax(-1, keepdim=True)
         steps.append(time.perf_counter() - start)
         tokens.append(token)
-    return {"prefill_s": prefill, "steps_s": steps, "tokens": torch.cat(tokens, dim=1).tolist()}
+        if after_step is not None:
+            after.append(after_step())
+    return {
+        "prefill_s": prefill,
+        "steps_s": steps,
+        "after_steps": after,
+        "tokens": torch.cat(tokens, dim=1).tolist(),
+    }
 
 
-@torch.no_grad()
 def steps_beside_bandwidth(
     model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, runs: int, probe_shape: Sequence[int], repeats: int
 ) -> dict[str, list[float]]:
-    """Bare one-token forwards as `time_forward` makes them (`runs` times the prompt, then `new_tokens - 1` steps:
-    the memory lengths the floor counts), each followed by the bandwidth of `row_linear` over a `probe_shape` matrix,
-    measured as the floor's (`time_repeated`: the median of `repeats` after two warm-ups): a step and the bandwidth
-    of the same moment, where a run's reading before it misses a phase of the host that changes within the run.
-    Empty lists where the compiled kernel is not built."""
+    """`time_forward`'s steps again, `runs` times (the memory lengths the floor counts), each followed by the
+    bandwidth of `row_linear` over a `probe_shape` matrix, measured as the floor's (`time_repeated`: the median of
+    `repeats` after two warm-ups): a step and the bandwidth of the same moment, where a run's reading before it misses
+    a phase of the host that changes within the run. Empty lists where the compiled kernel is not built."""
     from transfoxl.cpp_kernels_txl import compiled_operators
 
     operators = compiled_operators()
@@ -446,23 +458,15 @@ def steps_beside_bandwidth(
         return {"steps_s": [], "gbytes_per_s": []}
     matrix = torch.randn(*probe_shape)
     probe = functools.partial(operators.row_linear, torch.randn(matrix.shape[1]), matrix, None)
-    steps, rates = [], []
-    for _ in range(runs):
-        output = model(input_ids=prompt, attention_mask=torch.ones_like(prompt), use_cache=True, logits_to_keep=1)
-        token = output.logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(new_tokens - 1):
-            start = time.perf_counter()
-            output = model(
-                input_ids=token,
-                past_key_values=output.past_key_values,
-                attention_mask=torch.ones_like(token),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            token = output.logits[:, -1].argmax(-1, keepdim=True)
-            steps.append(time.perf_counter() - start)
-            rates.append(matrix.numel() * matrix.element_size() / time_repeated(probe, repeats) / 1e9)
-    return {"steps_s": steps, "gbytes_per_s": rates}
+
+    def bandwidth() -> float:
+        return matrix.numel() * matrix.element_size() / time_repeated(probe, repeats) / 1e9
+
+    timed = [time_forward(model, prompt, new_tokens, "transfoxl", after_step=bandwidth) for _ in range(runs)]
+    return {
+        "steps_s": [step for run in timed for step in run["steps_s"]],
+        "gbytes_per_s": [rate for run in timed for rate in run["after_steps"]],
+    }
 
 
 def generate_run(generated: dict, load: float) -> dict:
