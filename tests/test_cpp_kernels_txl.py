@@ -73,11 +73,12 @@ def test_compiled_attention_equals_eager(kernel, batch, q_len, mem_len, head_dim
     ("batch", "mem_len", "head_dim", "mask_kind"),
     [
         (1, 0, 8, "none"),  # one key: the tail loop alone
-        (1, 40, 32, "none"),  # 41 keys: five steps of 8 and a tail
+        (1, 40, 32, "none"),  # 41 keys: five steps of 8 (AVX-512, D % 16 == 0: two of 16) and a tail; an odd count
         (3, 23, 16, "padding"),
         (2, 30, 64, "hidden"),  # sequence 0 sees no key: the mean of its values
         (3, 12, 24, "same_length"),
         (1, 20, 136, "none"),  # a head wider than 64: the values in two passes, the second of one register
+        (2, 36, 144, "padding"),  # the same in AVX-512 registers: three passes (4, 4 and 1 registers of 16)
     ],
 )
 def test_compiled_one_query_attention_equals_eager(kernel, batch, mem_len, head_dim, mask_kind):

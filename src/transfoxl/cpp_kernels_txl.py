@@ -557,6 +557,26 @@ inline void prefetch_row(const float* row, int64_t count) {
 constexpr int64_t kRowsAhead = 16;  // decoding's keys and values: rows asked for ahead of use
 
 #if defined(__AVX512F__)
+// The sums of sixteen registers' lanes, [sum(acc[0]), ..., sum(acc[15])], by a tree of shuffles instead of sixteen
+// horizontal sums.
+inline __m512 sixteen_sums(const __m512* acc) {
+  // Pairs of registers, then fours: in each 128-bit lane, the partial sums of registers 4k..4k+3 over that lane.
+  __m512 pairs[8], fours[4];
+  for (int k = 0; k < 8; ++k)
+    pairs[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                             _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * k]), c = _mm512_castps_pd(pairs[2 * k + 1]);
+    fours[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)));
+  }
+  // Then across the four lanes: lanes (0 + 1, 2 + 3) of two fours side by side, twice.
+  const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(fours[0], fours[1], 0x88),
+                                   _mm512_shuffle_f32x4(fours[0], fours[1], 0xDD));
+  const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(fours[2], fours[3], 0x88),
+                                    _mm512_shuffle_f32x4(fours[2], fours[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+
 // Short rows (the adaptive softmax's tail clusters: 16 or 64 inputs): four rows per step spend more on their four
 // horizontal sums than on reading them. Sixteen rows at a time instead, one accumulator each, whose sums a
 // transposition tree gathers into one vector of the sixteen outputs. Rows [begin, end) of y = w x + b, sixteen at a
@@ -580,21 +600,7 @@ inline int64_t short_rows_linear(const float* w, const float* x, const float* b,
       for (int r = 0; r < 16; ++r)
         acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, rows + r * I + 16 * c), xs[c], acc[r]);
     }
-    // Pairs of rows, then fours: in each 128-bit lane, the partial sums of rows 4k..4k+3 over that lane's inputs.
-    __m512 pairs[8], fours[4];
-    for (int k = 0; k < 8; ++k)
-      pairs[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
-                               _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
-    for (int k = 0; k < 4; ++k) {
-      const __m512d a = _mm512_castps_pd(pairs[2 * k]), c = _mm512_castps_pd(pairs[2 * k + 1]);
-      fours[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)));
-    }
-    // Then across the four lanes: lanes (0 + 1, 2 + 3) of two fours side by side, twice.
-    const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(fours[0], fours[1], 0x88),
-                                     _mm512_shuffle_f32x4(fours[0], fours[1], 0xDD));
-    const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(fours[2], fours[3], 0x88),
-                                      _mm512_shuffle_f32x4(fours[2], fours[3], 0xDD));
-    __m512 sums = _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+    __m512 sums = sixteen_sums(acc);
     if (b != nullptr) sums = _mm512_add_ps(sums, _mm512_loadu_ps(b + o));
     _mm512_storeu_ps(y + o, sums);
   }
@@ -707,13 +713,93 @@ inline __m256 eight_sums(const __m256* a) {
 
 }  // namespace
 
+#if defined(__AVX512F__)
+// one_query_head (below) for D a multiple of 16, in AVX-512 registers: sixteen keys per step of the scores (one
+// accumulator each, their sums gathered by `sixteen_sums`), and the values' rows into two sums, of the even and the
+// odd keys, so that each addition into a register waits on half as many before it (four registers hold D = 64).
+inline void one_query_head16(const float* q, const float* k_bh, int64_t key_stride, const float* v_bh,
+                             int64_t value_stride, const float* r_h, int64_t rel_stride, const float* u_h,
+                             const float* v_h, const bool* hidden, int64_t hidden_stride, int64_t K, int64_t D,
+                             float scale, float* scratch, float* o) {
+  float* cq = scratch;
+  float* pq = scratch + D;
+  float* scores = scratch + 2 * D;
+  const __m512 scale_vector = _mm512_set1_ps(scale);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 qd = _mm512_loadu_ps(q + d);
+    _mm512_storeu_ps(cq + d, _mm512_mul_ps(_mm512_add_ps(qd, _mm512_loadu_ps(u_h + d)), scale_vector));
+    _mm512_storeu_ps(pq + d, _mm512_mul_ps(_mm512_add_ps(qd, _mm512_loadu_ps(v_h + d)), scale_vector));
+  }
+  int64_t j = 0;
+  for (; j + 16 <= K; j += 16) {
+    for (int t = 0; t < 16; ++t) {
+      prefetch_row(k_bh + (j + kRowsAhead + t) * key_stride, D);
+      prefetch_row(r_h + (j + kRowsAhead + t) * rel_stride, D);
+    }
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 c = _mm512_loadu_ps(cq + d), p = _mm512_loadu_ps(pq + d);
+      for (int t = 0; t < 16; ++t) {
+        acc[t] = _mm512_fmadd_ps(c, _mm512_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
+        acc[t] = _mm512_fmadd_ps(p, _mm512_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
+      }
+    }
+    _mm512_storeu_ps(&scores[j], sixteen_sums(acc));
+  }
+  for (; j < K; ++j) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(cq + d), _mm512_loadu_ps(k_bh + j * key_stride + d), acc);
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(pq + d), _mm512_loadu_ps(r_h + j * rel_stride + d), acc);
+    }
+    scores[j] = _mm512_reduce_add_ps(acc);
+  }
+  if (hidden != nullptr)
+    for (j = 0; j < K; ++j)
+      if (hidden[j * hidden_stride]) scores[j] = -FLT_MAX;
+  const float sum = exponentiate(scores, K, row_maximum(scores, K));
+  const __m512 inverse = _mm512_set1_ps(1.0f / sum);
+  for (int64_t c = 0; c < D; c += 64) {  // up to four registers of the output at a time: one pass for D <= 64
+    const int chunks = static_cast<int>(std::min<int64_t>(4, (D - c) / 16));
+    __m512 even[4], odd[4];
+    for (int t = 0; t < 4; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+    for (j = 0; j + 2 <= K; j += 2) {
+      if (c == 0) {
+        prefetch_row(v_bh + (j + kRowsAhead) * value_stride, D);
+        prefetch_row(v_bh + (j + 1 + kRowsAhead) * value_stride, D);
+      }
+      const __m512 p0 = _mm512_set1_ps(scores[j]), p1 = _mm512_set1_ps(scores[j + 1]);
+      const float* row = v_bh + j * value_stride + c;
+      for (int t = 0; t < chunks; ++t) {
+        even[t] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(row + 16 * t), even[t]);
+        odd[t] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(row + value_stride + 16 * t), odd[t]);
+      }
+    }
+    if (j < K) {  // (an odd count of keys: the last one)
+      const __m512 p0 = _mm512_set1_ps(scores[j]);
+      const float* row = v_bh + j * value_stride + c;
+      for (int t = 0; t < chunks; ++t) even[t] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(row + 16 * t), even[t]);
+    }
+    for (int t = 0; t < chunks; ++t)
+      _mm512_storeu_ps(o + c + 16 * t, _mm512_mul_ps(_mm512_add_ps(even[t], odd[t]), inverse));
+  }
+}
+#endif
+
 // One head of one query: o = softmax(s) v with s_j = ((q + u) . k_j + (q + v) . r_j) * scale over K keys (rows of
 // k, r, v at their strides), s_j = -inf where hidden[j * hidden_stride] (hidden may be null). scratch: 2 D + K + 8
-// floats. Each row of the keys, relative keys and values is read once, in place, 8 keys per step.
+// floats. Each row of the keys, relative keys and values is read once, in place, 8 keys per step (AVX-512 builds:
+// one_query_head16 where D is a multiple of 16).
 inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride, const float* v_bh,
                            int64_t value_stride, const float* r_h, int64_t rel_stride, const float* u_h,
                            const float* v_h, const bool* hidden, int64_t hidden_stride, int64_t K, int64_t D,
                            float scale, float* scratch, float* o) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0)
+    return one_query_head16(q, k_bh, key_stride, v_bh, value_stride, r_h, rel_stride, u_h, v_h, hidden, hidden_stride,
+                            K, D, scale, scratch, o);
+#endif
   float* cq = scratch;
   float* pq = scratch + D;
   float* scores = scratch + 2 * D;
