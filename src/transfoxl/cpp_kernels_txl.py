@@ -713,6 +713,15 @@ inline __m256 eight_sums(const __m256* a) {
 
 }  // namespace
 
+// The query with the content and position biases, scaled: cq = (q + u) scale, pq = (q + v) scale (D floats each).
+inline void biased_queries(const float* q, const float* u_h, const float* v_h, int64_t D, float scale, float* cq,
+                           float* pq) {
+  for (int64_t d = 0; d < D; ++d) {
+    cq[d] = (q[d] + u_h[d]) * scale;
+    pq[d] = (q[d] + v_h[d]) * scale;
+  }
+}
+
 #if defined(__AVX512F__)
 // one_query_head (below) for D a multiple of 16, in AVX-512 registers: sixteen keys per step of the scores (one
 // accumulator each, their sums gathered by `sixteen_sums`), and the values' rows into two sums, of the even and the
@@ -721,15 +730,8 @@ inline void one_query_head16(const float* q, const float* k_bh, int64_t key_stri
                              int64_t value_stride, const float* r_h, int64_t rel_stride, const float* u_h,
                              const float* v_h, const bool* hidden, int64_t hidden_stride, int64_t K, int64_t D,
                              float scale, float* scratch, float* o) {
-  float* cq = scratch;
-  float* pq = scratch + D;
-  float* scores = scratch + 2 * D;
-  const __m512 scale_vector = _mm512_set1_ps(scale);
-  for (int64_t d = 0; d < D; d += 16) {
-    const __m512 qd = _mm512_loadu_ps(q + d);
-    _mm512_storeu_ps(cq + d, _mm512_mul_ps(_mm512_add_ps(qd, _mm512_loadu_ps(u_h + d)), scale_vector));
-    _mm512_storeu_ps(pq + d, _mm512_mul_ps(_mm512_add_ps(qd, _mm512_loadu_ps(v_h + d)), scale_vector));
-  }
+  float *cq = scratch, *pq = scratch + D, *scores = scratch + 2 * D;
+  biased_queries(q, u_h, v_h, D, scale, cq, pq);
   int64_t j = 0;
   for (; j + 16 <= K; j += 16) {
     for (int t = 0; t < 16; ++t) {
@@ -800,13 +802,8 @@ inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride
     return one_query_head16(q, k_bh, key_stride, v_bh, value_stride, r_h, rel_stride, u_h, v_h, hidden, hidden_stride,
                             K, D, scale, scratch, o);
 #endif
-  float* cq = scratch;
-  float* pq = scratch + D;
-  float* scores = scratch + 2 * D;
-  for (int64_t d = 0; d < D; ++d) {
-    cq[d] = (q[d] + u_h[d]) * scale;
-    pq[d] = (q[d] + v_h[d]) * scale;
-  }
+  float *cq = scratch, *pq = scratch + D, *scores = scratch + 2 * D;
+  biased_queries(q, u_h, v_h, D, scale, cq, pq);
   // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end)
   int64_t j = 0;
   for (; j + 8 <= K; j += 8) {
