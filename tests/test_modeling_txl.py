@@ -273,6 +273,35 @@ def test_memory_init_zeros_attends_to_mem_len_zero_vectors():
     assert not torch.allclose(output.logits, tiny_lm(mem_len=6)(ids).logits)  # the zeros are attended
 
 
+@pytest.mark.parametrize("change", ["appended", "removed"])
+def test_layers_added_or_removed_after_loading_all_run_with_memory(change):
+    """A model whose `layers` were changed without `config.n_layer` runs every layer it has, memory and generate()
+    included, as a model built with that many layers does (the memory used to follow the config, and the extra
+    layers were skipped silently)."""
+    changed = tiny_lm()
+    layers = changed.transformer.layers
+    if change == "appended":
+        layers.append(copy.deepcopy(layers[0]))
+    else:
+        changed.transformer.layers = layers[:1]
+    built = tiny_lm(n_layer=len(changed.transformer.layers))
+    built.load_state_dict(changed.state_dict())
+    prompt = ids(2, 5)
+    with torch.no_grad():
+        changed_out, built_out = changed(prompt, use_cache=True), built(prompt, use_cache=True)
+        torch.testing.assert_close(changed_out.logits, built_out.logits, rtol=0, atol=0)
+        follow = ids(2, 3, seed=1)
+        torch.testing.assert_close(
+            changed(follow, past_key_values=changed_out.past_key_values).logits,
+            built(follow, past_key_values=built_out.past_key_values).logits,
+            rtol=0,
+            atol=0,
+        )
+    for batch in (1, 2):  # batch 1 decodes every layer in one fused call
+        kwargs = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+        assert torch.equal(changed.generate(ids(batch, 5), **kwargs), built.generate(ids(batch, 5), **kwargs))
+
+
 def test_legacy_mems_round_trip():
     model = tiny_lm()
     ids = covering_ids(model.config.vocab_size, batch=3, length=5)
@@ -870,6 +899,11 @@ def meta_memory(lm: TxlForCausalLM) -> TxlMemory:
     return memory
 
 
+def appended_layer(lm: TxlForCausalLM) -> TxlForCausalLM:
+    lm.transformer.layers.append(copy.deepcopy(lm.transformer.layers[0]))
+    return lm
+
+
 MEMORY_CASES = [
     case(
         "memory",
@@ -888,6 +922,15 @@ MEMORY_CASES = [
         "The memory has 3 layers; this model has 2",
         lambda lm: lm(ids(), past_key_values=memory_of(tiny_lm(n_layer=3))),
         "layers",
+    ),
+    case(
+        "memory",
+        "a layer appended to the model, its config.n_layer left at 2, and a memory made from the config",
+        "ValueError naming both layer counts and config.n_layer",
+        ValueError,
+        r"The memory has 2 layers; this model has 3 while its config.n_layer is 2: set config.n_layer",
+        lambda lm: appended_layer(lm)(ids(), past_key_values=TxlMemory.from_config(lm.config)),
+        "stale-n-layer",
     ),
     case(
         "memory",

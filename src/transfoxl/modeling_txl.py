@@ -1221,11 +1221,21 @@ class TxlModel(TxlPreTrainedModel):
             )
         memory = past_key_values
         if memory is None and (use_cache or self.config.memory_init == "zeros"):
-            memory = TxlMemory.from_config(self.config)
+            memory = self.empty_memory()
         if memory is None:
             return None
-        if len(memory.layers) != self.config.n_layer:
-            raise ValueError(f"The memory has {len(memory.layers)} layers; this model has {self.config.n_layer}.")
+        if len(memory.layers) != len(self.layers):
+            # (The layers, not config.n_layer: layers appended or removed after loading would be skipped silently.)
+            stale = len(self.layers) != self.config.n_layer
+            raise ValueError(
+                f"The memory has {len(memory.layers)} layers; this model has {len(self.layers)}"
+                + (
+                    f" while its config.n_layer is {self.config.n_layer}: set config.n_layer to the number of layers "
+                    "after adding or removing layers, so that memories made from the config fit."
+                    if stale
+                    else "."
+                )
+            )
         if (held := memory.layers[0].read(False).hidden) is not None:
             # Layer 0 only: with a device map, later layers' memories live on their own layers' devices.
             check_memory_fits(held, hidden_states, self.config.d_model)
@@ -1235,6 +1245,11 @@ class TxlModel(TxlPreTrainedModel):
             for layer in memory.layers:
                 layer.update(zeros)
         return memory
+
+    def empty_memory(self, mem_len: int | None = None) -> TxlMemory:
+        """An empty memory for this model's layers (their number, even where layers were added or removed after
+        `config.n_layer` was set), `mem_len` positions long (default: `config.mem_len`)."""
+        return TxlMemory(len(self.layers), self.config.mem_len if mem_len is None else mem_len)
 
     def _positions(self, k_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """R for the distances K-1, ..., 0, `[K, E]`: a view of a table kept across calls (it depends on K only)."""
@@ -1599,7 +1614,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     # generate() returns, holds everything except the last generated token.
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = TxlMemory.from_config(self.config)
+            model_kwargs["past_key_values"] = self.transformer.empty_memory()
         else:
             super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
