@@ -729,8 +729,10 @@ class _ReluDropout(torch.autograd.Function):
 
 
 def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
-    """Whether the Functions above apply: training with a gradient, in eager mode, p in [2^-8, 1 - 2^-8] (where
-    rounding p to a multiple of 2^-16 moves p and 1 - p by at most 0.2%; nearer 0 or 1, torch's own). Under
+    """Whether the Functions above apply: training, in eager mode, p in [2^-8, 1 - 2^-8] (where rounding p to a
+    multiple of 2^-16 moves p and 1 - p by at most 0.2%; nearer 0 or 1, torch's own). With or without a gradient:
+    reentrant gradient checkpointing runs a layer's forward without one and again with one for backward, and both
+    must draw the same mask (torch's own draws another from the same seed). Under
     torch.compile, torch's own dropout (fused there anyway): torch 2.11's compile gave a zero gradient through a
     Function whose forward writes its output in place, as these do (`--compile` training learned nothing), and its
     inductor could not lower the mask's bool-as-uint8 view. Under torch.jit.trace, torch's own too: a traced graph
@@ -738,8 +740,6 @@ def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
     return (
         training
         and 2**-8 <= p <= 1 - 2**-8
-        and torch.is_grad_enabled()
-        and inputs.requires_grad
         and not torch._C._are_functorch_transforms_active()
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
@@ -747,12 +747,12 @@ def _dropout_applies(inputs: torch.Tensor, p: float, training: bool) -> bool:
 
 
 def dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout(inputs, p, training)`: the same distribution, a cheaper mask when a gradient flows."""
+    """`F.dropout(inputs, p, training)`: the same distribution, a cheaper mask (`_dropout_applies`)."""
     return _Dropout.apply(inputs, p) if _dropout_applies(inputs, p, training) else F.dropout(inputs, p, training)
 
 
 def relu_dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout(F.relu(inputs), p, training)`, keeping only the output for backward when a gradient flows."""
+    """`F.dropout(F.relu(inputs), p, training)`, keeping only the output for backward (`_dropout_applies`)."""
     if not _dropout_applies(inputs, p, training):
         return F.dropout(F.relu(inputs), p, training)
     return _ReluDropout.apply(inputs, p)
