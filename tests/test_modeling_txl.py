@@ -414,16 +414,24 @@ def test_gradients_reach_every_parameter():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+@pytest.mark.parametrize("reentrant", [None, False, True], ids=["default", "non-reentrant", "reentrant"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["no-dropout", "dropout"])
+def test_gradient_checkpointing_gives_the_same_gradients(reentrant, dropout):
+    """Also with dropout: reentrant checkpointing runs each layer without a gradient and again with one for backward,
+    and the two drew different masks (gradients of another function than the loss's, off by 0.02 in float32)."""
     ids = covering_ids(97, batch=2, length=8)
-    grads = []
+    grads, losses = [], []
     for checkpointing in (False, True):
-        model = tiny_lm().train()
+        model = tiny_lm(dropout=dropout, dropatt=dropout).train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            model.activation_checkpointing_enable(None if reentrant is None else {"use_reentrant": reentrant})
+        torch.manual_seed(1)
         memory = model(ids).past_key_values
-        model(ids, past_key_values=memory, labels=ids).loss.backward()
+        loss = model(ids, past_key_values=memory, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach())
         grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=1e-6)
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=1e-6)
 
@@ -471,6 +479,36 @@ def test_base_model_and_tuple_outputs():
     assert base_output.last_hidden_state.shape == (2, 5, model.config.d_model)
     as_tuple = model(ids, return_dict=False)
     torch.testing.assert_close(as_tuple[0], model(ids).logits)
+
+
+def test_logits_to_keep_takes_a_tensor_of_positions_as_transformers_causal_lms_do():
+    model = tiny_lm()
+    prompt = ids(2, 6)
+    every = model(prompt).logits
+    for positions in ([0, 3], [-1], [5, 5, -6]):
+        kept = model(prompt, logits_to_keep=torch.tensor(positions)).logits
+        torch.testing.assert_close(kept, every[:, positions], rtol=0, atol=1e-5)
+    assert model(prompt, logits_to_keep=torch.tensor([], dtype=torch.long)).logits.shape == (2, 0, 97)
+    for bad, match in (
+        (torch.tensor([[1]]), r"1-D integer positions, got shape \(1, 1\)"),
+        (torch.tensor([0.5]), "float32"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            model(prompt, logits_to_keep=bad)
+
+
+def test_a_training_steps_tuple_holds_the_logits_where_a_causal_lm_has_them():
+    """A training step returns no logits in its dict (the loss reads only the clusters it needs), but a tuple has
+    no names: without logits, the memory or the per-token losses took their place."""
+    model = tiny_lm().train()
+    ids = covering_ids(model.config.vocab_size, batch=2, length=5)
+    loss, logits, memory, losses = model(ids, labels=ids, return_dict=False)
+    as_dict = model(ids, labels=ids)
+    assert as_dict.logits is None
+    torch.testing.assert_close(loss, as_dict.loss)
+    torch.testing.assert_close(logits, model(ids, labels=ids, return_logits=True).logits)
+    assert logits.shape == (2, 5, model.config.vocab_size) and isinstance(memory, TxlMemory)
+    assert losses.shape == (2, 5)
 
 
 def test_sequence_classification_pools_the_last_non_padding_token():
@@ -788,6 +826,15 @@ FORWARD_CASES = [
         r"logits_to_keep must be an integer >= 0 \(0: every position\), got -1",
         lambda lm: lm(ids(), logits_to_keep=-1),
         "logits-to-keep",
+    ),
+    case(
+        "model input",
+        "logits_to_keep=torch.tensor([5]) for 5 positions / a 2-D or float tensor",
+        "ValueError naming the position and the input's length / the shape and dtype expected",
+        ValueError,
+        r"logits_to_keep holds position 5; the input has 5 positions",
+        lambda lm: lm(ids(), logits_to_keep=torch.tensor([5])),
+        "logits-to-keep-positions",
     ),
     case(
         "model input",

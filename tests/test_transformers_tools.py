@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from datasets import Dataset
-from transformers import Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from tests.utils import tiny_config, tiny_lm
@@ -342,6 +342,43 @@ def test_generate_from_inputs_embeds():
     assert torch.equal(from_embeds, from_ids[:, 5:])  # only the new tokens, as transformers returns them
     chunked = model.generate(inputs_embeds=embeds, max_new_tokens=6, min_new_tokens=6, prefill_chunk_size=2)
     assert torch.equal(chunked, from_embeds)
+
+
+@pytest.mark.parametrize("mem_len", [4, 32], ids=["memory-shorter-than-the-context", "memory-holds-it-all"])
+def test_continuation_idiom_with_inputs_embeds_equals_one_longer_call(mem_len):
+    """transformers' idiom passes the whole sequence's embeddings again with the cache: the memory's part is skipped
+    (it was fed twice, silently, before), while embeddings new to the memory are all fed (the package's
+    convention)."""
+    model = tiny_lm(mem_len=mem_len)
+    with torch.no_grad():  # weights far from their initial values: a context fed twice changes the tokens
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    embed = model.get_input_embeddings()
+    embeds = embed(random_ids(2, 6)).detach()
+    kwargs = {"min_new_tokens": 0, "pad_token_id": 0, "return_dict_in_generate": True, "output_logits": True}
+    longer = model.generate(inputs_embeds=embeds, max_new_tokens=10, **kwargs)
+    first = model.generate(inputs_embeds=embeds, max_new_tokens=4, **kwargs)
+    memory = first.past_key_values
+    whole = torch.cat([embeds, embed(first.sequences).detach()], dim=1)  # 6 + 4 positions, 9 of them in the memory
+    assert memory.embeddings_already_seen(whole) == 9 and memory.embeddings_already_seen(whole[:, :9]) == 0
+    second = model.generate(inputs_embeds=whole, past_key_values=memory, max_new_tokens=6, **kwargs)
+    assert torch.equal(second.sequences, longer.sequences[:, 4:])
+    torch.testing.assert_close(second.logits[0], longer.logits[4], rtol=0, atol=1e-4)
+    assert memory.seen_tokens == 6 + 10 - 1  # the memory was not fed twice
+    other = whole.clone()
+    other[:, 7] += 1.0  # not the memory's embeddings: every one of them is new to it
+    assert memory.embeddings_already_seen(other) == 0
+
+
+def test_being_another_models_assistant_is_refused():
+    """Assisted decoding crops its assistant's cache; as an assistant, the model was handed the prompt's last token
+    only and drafted from a memory without the prompt (or failed in the middle of the main model's loop)."""
+    torch.manual_seed(0)
+    gpt2_config = GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    main_model = GPT2LMHeadModel(gpt2_config).eval()
+    for length in (1, 5):
+        with pytest.raises(ValueError, match="cannot be another model's assistant_model"):
+            main_model.generate(random_ids(1, length), max_new_tokens=6, assistant_model=tiny_lm(), pad_token_id=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

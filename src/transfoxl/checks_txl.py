@@ -168,6 +168,26 @@ def check_label_tensor(given: Any, name: str, batch: int, q_len: int) -> None:
         raise ValueError(f"{name} must have the input's shape {(batch, q_len)}, got {tuple(given.shape)}.")
 
 
+def check_positions(positions: torch.Tensor, name: str, q_len: int) -> None:
+    """A 1-D integer tensor of positions among `q_len` (negative ones count from the end), as indexing takes them."""
+    if (
+        positions.dim() != 1
+        or positions.is_floating_point()
+        or positions.is_complex()
+        or positions.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"{name} as a tensor must be 1-D integer positions, got shape {tuple(positions.shape)} of "
+            f"{positions.dtype}."
+        )
+    if positions.device.type == "cpu" and not torch.compiler.is_compiling() and positions.numel() > 0:
+        low, high = int(positions.min()), int(positions.max())
+        if low < -q_len or high >= q_len:
+            raise ValueError(
+                f"{name} holds position {low if low < -q_len else high}; the input has {q_len} positions."
+            )
+
+
 def check_targets(targets: torch.Tensor, vocab_size: int, *, allow_all_ignored: bool, shifted: bool) -> None:
     """Aligned targets `[B, Q]` must be token ids or -100; anything else would silently add a loss of 0."""
     invalid = (targets != -100) & ((targets < 0) | (targets >= vocab_size))
@@ -254,6 +274,12 @@ def check_generation_settings(setting: Callable[[str], Any], vocab_size: int) ->
                 "Transformer-XL. They roll the cache back to the last accepted token, and the memory cannot return to "
                 "an earlier state (the states that left it are gone). Generate without it."
             )
+    if setting("is_assistant"):  # another model's generate(assistant_model=<this model>) drafting with it
+        raise ValueError(
+            "A Transformer-XL model cannot be another model's assistant_model: assisted decoding crops the "
+            "assistant's cache back to the last accepted token, and the memory cannot return to an earlier state. "
+            "Generate without assistant_model, or use an assistant with a key/value cache."
+        )
     cache_implementation = setting("cache_implementation")
     if cache_implementation is not None:
         raise ValueError(

@@ -485,6 +485,28 @@ class TxlMemory(Cache):
         matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])
         return seen if matches else 0
 
+    def embeddings_already_seen(self, inputs_embeds: torch.Tensor) -> int:
+        """`tokens_already_seen` for `generate(inputs_embeds=...)` `[B, L, E]`, whose continuation idiom always
+        passes the whole sequence's embeddings again. Told apart from new embeddings by the first layer's memory,
+        which holds the embeddings it was given (in eval mode, without dropout): equal within the rounding of an
+        embedding computed for another number of tokens."""
+        seen, kept = self.seen_tokens, self.layers[0].read(False).hidden  # (read: without unsharing it)
+        if (
+            self._input_is_new
+            or not seen
+            or kept is None
+            or inputs_embeds.shape[1] <= seen
+            or kept.shape[0] != inputs_embeds.shape[0]
+            or kept.shape[2] != inputs_embeds.shape[2]
+        ):
+            return 0
+        count = min(kept.shape[1], seen)
+        given = inputs_embeds[:, seen - count : seen].to(kept.device, kept.dtype)
+        kept = kept[:, -count:]
+        tolerance = 1e-4 if kept.dtype in (torch.float32, torch.float64) else 2e-2
+        scale = float(kept.abs().max()) or 1.0
+        return seen if torch.allclose(given, kept, rtol=tolerance, atol=tolerance * scale) else 0
+
     def state(self) -> tuple:
         """What `restore_state` needs to put the memory back as it is now (no copy): the model takes it before a
         forward updates the memory and restores it if the forward is cut short."""

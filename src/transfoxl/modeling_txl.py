@@ -62,6 +62,7 @@ from .checks_txl import (
     check_label_tensor,
     check_memory_fits,
     check_num_items,
+    check_positions,
     check_prompt,
     check_targets,
     reject_unknown_arguments,
@@ -1510,7 +1511,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         return_logits: bool | None = None,
         **kwargs,
     ) -> TxlCausalLMOutputWithPast | tuple:
@@ -1519,12 +1520,14 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
                 Targets, shifted inside (position t predicts `labels[:, t + 1]`), so `labels=input_ids` works; -100
                 is ignored. The last position predicts nothing.
-            logits_to_keep (`int`, *optional*, defaults to 0):
-                Compute log-probabilities for the last `logits_to_keep` positions only (0: all).
+            logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
+                Compute log-probabilities for the last `logits_to_keep` positions only (0: all), or, as a 1-D tensor
+                of integers, for the positions it lists (transformers' causal LMs take both).
             return_logits (`bool`, *optional*):
                 Whether to return `logits`. Defaults to `True`, except for a training step (a loss computed with
-                gradients in train mode): the loss then only computes the clusters of the adaptive softmax that hold a
-                target, and no `[B, Q, V]` tensor is made. In eval mode logits come back as from any causal LM.
+                gradients in train mode) that returns a dict: the loss then only computes the clusters of the adaptive
+                softmax that hold a target, and no `[B, Q, V]` tensor is made. In eval mode, and with
+                `return_dict=False` (whose tuple is `(loss, logits, ...)` as any causal LM's), logits come back.
             shift_labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*, keyword):
                 Targets already aligned with the positions (position t predicts `shift_labels[:, t]`): for a stream
                 cut into segments, the first target of the next segment is not lost. Passed as a keyword, like the
@@ -1539,7 +1542,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
             raise ValueError("Pass either labels (shifted inside) or shift_labels (pre-aligned), not both.")
-        require_integer(logits_to_keep, "logits_to_keep", minimum=0, note=" (0: every position)")
+        if not isinstance(logits_to_keep, torch.Tensor):
+            require_integer(logits_to_keep, "logits_to_keep", minimum=0, note=" (0: every position)")
         check_num_items(num_items_in_batch)
         outputs = self.transformer(
             input_ids=input_ids,
@@ -1569,11 +1573,18 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
 
         if return_logits is None:  # the [B, Q, V] log-probabilities cost a training step more than the loss
             training_step = self.training and torch.is_grad_enabled() and hidden_states.requires_grad
-            return_logits = targets is None or not training_step
+            # (A tuple keeps them: without, every later entry would move to the place a causal LM's logits take.)
+            return_logits = targets is None or not training_step or not return_dict
         logits = None
         if return_logits:
-            kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
-            logits = self.adaptive_softmax(kept.reshape(-1, kept.shape[-1])).view(batch, kept.shape[1], -1)
+            if isinstance(logits_to_keep, torch.Tensor):
+                check_positions(logits_to_keep, "logits_to_keep", q_len)
+                kept = hidden_states[:, logits_to_keep.to(hidden_states.device)]
+            else:
+                kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
+            logits = self.adaptive_softmax(kept.reshape(-1, kept.shape[-1])).view(
+                batch, kept.shape[1], self.config.vocab_size
+            )
 
         output = TxlCausalLMOutputWithPast(
             loss=loss,
@@ -1660,6 +1671,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         elif past_key_values is not None and past_key_values.get_seq_length() > 0:
             # transformers' continuation idiom passes the sequence the memory has already seen, plus new tokens.
             input_ids = input_ids[:, past_key_values.tokens_already_seen(input_ids) :]
+            if is_first_iteration and inputs_embeds is not None:  # (its idiom with embeddings: always all of them)
+                inputs_embeds = inputs_embeds[:, past_key_values.embeddings_already_seen(inputs_embeds) :]
             # generate() repeats the inputs for beams / return sequences but not a memory passed by the caller.
             memory_batch, batch = past_key_values.batch_size, input_ids.shape[0]
             if memory_batch != batch:
