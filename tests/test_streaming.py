@@ -195,7 +195,8 @@ STREAM_CASES = [
         "feed([2, T]) to a 1-stream TxlStream",
         "ValueError naming the expected shape",
         ValueError,
-        r"expected ids of shape \[T\] or \[1, T\] \(one row per stream\), got \(2, 3\)",
+        r"expected ids of shape \[T\] or \[1, T\] \(one row per stream\), got \(2, 3\)\. For 2 streams side by "
+        r"side, make the stream with TxlStream\(\.\.\., batch_size=N\)",
         lambda lm: TxlStream(lm).feed(ids(2, 3)),
         "feed-rows",
     ),

@@ -168,9 +168,14 @@ class TxlStream:
         if chunk.dim() == 1:
             chunk = chunk[None]
         if chunk.dim() != 2 or chunk.shape[0] != self.batch_size:
+            hint = ""
+            if chunk.dim() == 2 and self.batch_size == 1:
+                hint = (
+                    f" For {chunk.shape[0]} streams side by side, make the stream with TxlStream(..., batch_size=N)."
+                )
             raise ValueError(
                 f"TxlStream.feed: expected ids of shape [T] or [{self.batch_size}, T] (one row per stream), got "
-                f"{tuple(chunk.shape)}."
+                f"{tuple(chunk.shape)}.{hint}"
             )
         if chunk.is_floating_point() or chunk.is_complex() or chunk.dtype == torch.bool:
             raise ValueError(f"TxlStream.feed: token ids must be integers, got dtype {chunk.dtype}.")
