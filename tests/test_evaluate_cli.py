@@ -186,6 +186,12 @@ def test_batch_size_max_tokens_and_eval_overrides(
     assert model.config.clamp_len == -1 and model.config.same_length is False
 
 
+def test_max_eval_tokens_is_train_py_s_name_for_max_tokens(evaluate: ModuleType) -> None:
+    parser = evaluate.build_parser()
+    assert parser.parse_args(["run", "--max-eval-tokens", "7"]).max_tokens == 7
+    assert parser.parse_args(["run", "--max-tokens", "7"]).max_tokens == 7
+
+
 def test_tokenizer_from_another_folder(
     evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

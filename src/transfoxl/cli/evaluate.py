@@ -126,7 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--split", choices=SPLITS, default="test", help="the split to evaluate (default: %(default)s)")
     add_corpus_options(data, defaults_from_run=True)
     data.add_argument(
-        "--max-tokens", type=int, default=None, metavar="N", help="evaluate only the first N tokens of the split"
+        "--max-tokens",
+        "--max-eval-tokens",  # (train.py's name for it)
+        dest="max_tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate only the first N tokens of the split",
     )
 
     evaluation = parser.add_argument_group("evaluation")
