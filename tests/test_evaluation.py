@@ -14,7 +14,7 @@ from transfoxl import TxlForCausalLM
 from transfoxl.data import StreamBatcher
 from transfoxl.evaluation import StreamEvaluation, evaluate_stream, evaluation_settings, is_character_level
 from transfoxl.presets import config_from_preset
-from transfoxl.tokenization.tokenization_txl import train_char_level, train_word_level
+from transfoxl.tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
 
 N_TOKENS = 65
 
@@ -258,6 +258,8 @@ def test_is_character_level() -> None:
     text = "the cat sat on the mat\nthe dog sat\n"
     assert is_character_level(train_char_level([text]))
     assert not is_character_level(train_word_level(text.splitlines()))
+    # A byte-level BPE without merges has one symbol per token too, but its tokens are bytes: "été" is 5 of them.
+    assert not is_character_level(train_byte_level_bpe(["été, straße, 日本\n" * 20], vocab_size=258))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -87,7 +87,13 @@ class StreamEvaluation:
 
 
 def is_character_level(tokenizer: Any) -> bool:
-    """Whether every non-special token of `tokenizer` is one character: bits per token are then bits per character."""
+    """Whether every non-special token of `tokenizer` is one character: bits per token are then bits per character.
+    Not for a byte-level tokenizer, whose one-symbol tokens are bytes (a byte-level BPE without merges)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and any(
+        type(part).__name__ == "ByteLevel" for part in (backend.pre_tokenizer, backend.decoder)
+    ):
+        return False
     specials = set(getattr(tokenizer, "all_special_tokens", []))
     vocab = tokenizer.get_vocab()
     return all(len(token) == 1 for token in vocab if token not in specials)

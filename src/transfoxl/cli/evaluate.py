@@ -30,7 +30,8 @@ split by play, see `transfoxl.data.builtin_corpus`). `--train-file`, `--validati
 `--dataset-name` choose another one.
 
 The numbers. Every token of the stream but the first is a target, scored exactly once (with `--batch-size B` the
-stream is cut into B columns, and the first token of each column is not scored). The loss is the mean negative
+stream is cut into B columns, the first token of each column is not scored, and the last N mod B tokens, which fill
+no column, are not read). The loss is the mean negative
 log-likelihood per target in nats; perplexity is `exp(loss)`; bits per token are `loss / ln 2`. With a
 character-level tokenizer a token is a character and bits per token are bits per character (**bpc**, the unit of the
 paper's enwik8 / text8 results; lines end with a newline character, which counts as one). With a word or subword
