@@ -99,6 +99,9 @@ RAW_CASES = [
     "“curly quotes” and ‘single’ — a dash – here",
     "  leading and   trailing spaces  ",
     "THE Game the",
+    # A final period before a closing quote or bracket, prefixes after an opening one (Moses splits periods last).
+    'He said "It was over." (in 2010.) Wait.. (Mr. Smith) and (e.g. the game)',
+    "It sold in Jan. and Dec. of 2010.",
     # Known differences (see tests/test_tokenization_legacy.py): Moses' context rules and multi-line text.
     "the game. and then it sold",
     "rock'n'roll",

@@ -26,7 +26,10 @@ Parity with v4's `TransfoXLTokenizer` (checked against fixtures recorded with tr
   nonbreaking prefixes (`U.S.`, `Mr.`), special tokens in the text, lower-casing. Known differences:
   - a clitic standing alone stays one word: `it 's` -> `it 's` (v4: `it ' s`), likewise `n't 'll 're 've 'm 'd 't`;
   - Moses' rule across words, a final period kept before a lower-case word, is not applied:
-    `the game. and` -> `the game . and` (v4: `the game. and`);
+    `the game. and` -> `the game . and` (v4: `the game. and`); the nonbreaking prefixes are matched in any case
+    instead (lower-cased text keeps `mr.` as v4 did by that rule), also where v4 split them: before a capital or at
+    the end of a line (`the con.` -> `the con.`, v4: `the con .`); and `No.`, `Art.`, `pp.`, which Moses keeps before
+    a number only, are split;
   - only the first apostrophe inside a word splits in Moses: `rock'n'roll` -> `rock 'n 'roll` (v4: `rock 'n'roll`);
   - a newline ends a line with `<eos>` (v4's `tokenize` dropped it): `line one\nline two` ->
     `line one <eos> line two`; pass `eos_per_line=False` for v4's behaviour;
@@ -86,7 +89,7 @@ _NONBREAKING_PREFIXES = (
     *("Cpl", "DR", "Dr", "Drs", "Ens", "Gen", "Gov", "Hon", "Hr", "Hosp", "Insp", "Lt", "MM", "MR", "MRS", "MS"),
     *("Maj", "Messrs", "Mlle", "Mme", "Mr", "Mrs", "Ms", "Msgr", "Op", "Ord", "Pfc", "Ph", "Prof", "Pvt", "Rep"),
     *("Reps", "Res", "Rev", "Rt", "Sen", "Sens", "Sfc", "Sgt", "Sr", "St", "Supt", "Surg", "v", "vs", "i.e", "rev"),
-    "e.g",
+    *("e.g", "Nos", "Nr", "Rs", "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"),
 )
 # Clitics that WikiText keeps as separate words ("the team 's", "was n't"): whole words, never split further.
 _CLITICS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "n't")
@@ -154,33 +157,44 @@ def _alternation(words: Iterable[str]) -> str:
 def wikitext_pre_tokenizer(
     special_tokens: Sequence[str] = (DEFAULT_UNK_TOKEN, DEFAULT_EOS_TOKEN), *, moses_rules: bool = True
 ) -> pre_tokenizers.PreTokenizer:
-    """Whitespace split, then (when `moses_rules`) Moses-like splitting of punctuation off words.
+    """Whitespace split, then (when `moses_rules`) Moses-like splitting of punctuation off words, in Moses' order:
+    first everything but periods, then each piece's final period (`over."` -> `over . "`, `(Mr.` -> `( Mr.`).
 
     Kept whole: the `special_tokens`, WikiText's `@-@ @,@ @.@`, the clitics `'s 'll n't ...` standing alone,
-    abbreviations (`U.S.`, `e.g.`) and Moses' nonbreaking prefixes (`Mr.`, `Dr.`), `...`. Split off as their own
-    word: a final period, commas, any other character that is not a letter, digit, mark, `.`, `'`, `` ` `` or `-`,
-    and apostrophes (`isn't` -> `isn 't`, `1990's` -> `1990 's`, `'quoted'` -> `' quoted '`).
+    abbreviations (`U.S.`, `e.g.`) and Moses' nonbreaking prefixes (`Mr.`, `Dr.`, `Jan.`), `...`. Split off as their
+    own word: commas, any other character that is not a letter, digit, mark, `.`, `'`, `` ` `` or `-`, apostrophes
+    (`isn't` -> `isn 't`, `1990's` -> `1990 's`, `'quoted'` -> `' quoted '`), runs of periods, then a final period.
     """
     whitespace = pre_tokenizers.WhitespaceSplit()
     if not moses_rules:
         return whitespace
     protected = [re.escape(token) for token in special_tokens if token] + [_alternation(WIKITEXT_SEPARATORS)]
-    rules = [
+    everything_but_periods = [
         *protected,
         rf"^(?i:{_alternation(_CLITICS)})\z",
-        r"^(?=\S*\p{L})(?:[^.\s]+\.)+[^.\s]*\.\z",  # abbreviation with inner periods: U.S. e.g.
-        # Case-insensitive: lower-cased text keeps "mr." too (Moses did, by its next-word-in-lower-case rule).
-        rf"^(?:(?i:{_alternation(_NONBREAKING_PREFIXES)})|\p{{Lu}})\.\z",
         r"\.{2,}",
-        r"\.\z",
         r"(?<=\p{L})'\p{L}+",
         r"(?<=\p{N})'[sS]\b",
         r"'",
         r",",
         r"[^\p{L}\p{N}\p{M}\s.'`,\-]",
     ]
+    final_periods = [
+        *protected,
+        r"^\.{2,}\z",
+        r"^(?=\S*\p{L})(?:[^.\s]+\.)+[^.\s]*\.\z",  # abbreviation with inner periods: U.S. e.g.
+        # Case-insensitive: lower-cased text keeps "mr." too (Moses did, by its next-word-in-lower-case rule).
+        rf"^(?:(?i:{_alternation(_NONBREAKING_PREFIXES)})|\p{{Lu}})\.\z",
+        r"\.\z",
+    ]
     return pre_tokenizers.Sequence(
-        [whitespace, pre_tokenizers.Split(Regex("|".join(f"(?:{rule})" for rule in rules)), "isolated")]
+        [
+            whitespace,
+            *(
+                pre_tokenizers.Split(Regex("|".join(f"(?:{rule})" for rule in rules)), "isolated")
+                for rules in (everything_but_periods, final_periods)
+            ),
+        ]
     )
 
 
