@@ -4,6 +4,7 @@ input to generate(), each case a row of docs/reliability-table.md (`@pytest.mark
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, tiny_lm
 from transfoxl import TxlForCausalLM, TxlMemory
+from transfoxl.modeling_txl import _identity
 from transfoxl.tokenization import build_word_level_tokenizer
 
 VARIANTS = {
@@ -116,6 +118,47 @@ def test_kept_results_are_dropped_by_training_with_a_fused_optimizer():
     assert attention._position_table is not None
     model.train()
     assert attention._position_table is None
+
+
+@pytest.mark.parametrize("start", ["new memory", "reset", "generate"])
+def test_an_edit_through_data_is_seen_where_a_new_stream_starts(start):
+    """`.data` edits (PEFT's merge_and_unload merges that way) bump no version: the model's kept position table was
+    used by new streams too, so the documented remedy, a new memory, did not help. A prompt checks the table
+    against a sample of the weight."""
+    model = tiny_lm(mem_len=8)
+    prompt, follow = ids(1, 5), ids(1, 1, seed=1)
+    with torch.no_grad():
+        memory = model(prompt).past_key_values  # keeps the position table (and the memory's projections)
+        for layer in model.transformer.layers:
+            layer.attention.pos_proj.weight.data.mul_(1.5)
+        if start == "generate":
+            generated = model.generate(prompt, max_new_tokens=4, output_scores=True, return_dict_in_generate=True)
+            scores = torch.stack(generated.scores, dim=1)  # [1, 4, V]
+        else:
+            if start == "reset":
+                memory.reset()
+            else:
+                memory = model.transformer.empty_memory()
+            logits = [model(prompt, past_key_values=memory).logits[:, -1:]]
+            logits.append(model(follow, past_key_values=memory).logits)  # the fused one-token step
+    with torch.enable_grad():  # gradients on: nothing kept, everything projected again
+        reference = model(prompt, use_cache=False).logits[:, -1:].detach()
+        if start == "generate":
+            assert torch.equal(generated.sequences, greedy_without_cache(model, prompt, 4))
+            torch.testing.assert_close(scores[:, :1], reference, rtol=0, atol=1e-5)
+            return
+        expected = torch.cat([reference, model(torch.cat([prompt, follow], 1)).logits[:, -1:].detach()], 1)
+    torch.testing.assert_close(torch.cat(logits, 1), expected, rtol=0, atol=1e-5)
+
+
+def test_kept_results_name_the_weight_object_not_only_its_address():
+    """A weight made after another was freed may take its address and version; the kept results' keys name the
+    tensor object, and a copy unpickled with the attribute that holds its number gets a number of its own."""
+    first, second = torch.zeros(4), torch.zeros(4)
+    assert _identity(first) == _identity(first) != _identity(second)
+    clone = pickle.loads(pickle.dumps(first))
+    assert clone.__dict__.get("_txl_identity") == _identity(first)  # (the attribute travelled)
+    assert _identity(clone) not in (_identity(first), _identity(second))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

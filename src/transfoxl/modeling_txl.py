@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -347,6 +349,28 @@ def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
     return module(inputs) if _dropout_acts(module) else inputs
 
 
+_identities = itertools.count(1)
+_identified: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def _identity(weight: torch.Tensor) -> int:
+    """A number for the tensor object `weight`, given on first use and kept on it (an attribute): unlike its
+    storage address, no other tensor of this process has it, also after `weight` is freed (a copy unpickled with the
+    attribute gets its own). Plain data, so that memories pickle."""
+    token = weight.__dict__.get("_txl_identity")
+    if token is None or _identified.get(token) is not weight:
+        token = weight._txl_identity = next(_identities)
+        _identified[token] = weight
+    return token
+
+
+def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
+    """64 of `weight`'s values spread over it (a copy): where they all stay equal, the weight is taken as unchanged
+    by edits that bump no version (a merged adapter or an edit through `.data` changes them all)."""
+    flat = weight.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // 64)][:64].clone()
+
+
 def _inference_caches_apply(projection: nn.Module) -> bool:
     """Whether results of `projection` may be kept across calls, keyed on its weight's storage and version: not for
     an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export), where
@@ -395,10 +419,12 @@ class TxlRelativeAttention(nn.Module):
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
-        self._position_table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # see _relative_keys
-        # Results kept across inference calls are keyed on the weights' storage and version, and on this count of
-        # training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py builds it) update
-        # parameters in place without bumping their version, so a training forward or `train()` starts anew.
+        self._position_table: tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # _relative_keys
+        # Results kept across inference calls are keyed on the weights (the objects themselves, their storage and
+        # version), and on this count of training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py
+        # builds it) update parameters in place without bumping their version, so a training forward or `train()`
+        # starts anew. Edits through `.data` (PEFT's merge_and_unload) bump no version either: the position table
+        # is also checked against a sample of its weight at every prompt (see _relative_keys).
         self._training_phases = 0
 
     # Where the compiled kernel does not apply, long segments in inference on a CPU attend up to `query_block` queries
@@ -441,8 +467,9 @@ class TxlRelativeAttention(nn.Module):
     def _projection_key(self, *weights: torch.Tensor | None) -> tuple:
         """`projection_version` from the weights it names (the projection's, and pre-LN's norm's), for decoding's
         fused step, which has them at hand and has checked the conditions on its own."""
+        # (The weight object too: a new model's weight may take a freed one's storage and version.)
         return (
-            *((weight.data_ptr(), weight._version) for weight in weights if weight is not None),
+            *((_identity(weight), weight.data_ptr(), weight._version) for weight in weights if weight is not None),
             self._training_phases,
         )
 
@@ -456,8 +483,10 @@ class TxlRelativeAttention(nn.Module):
             self._forget_inference_results()
         return super().train(mode)
 
-    def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
-        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
+    def _relative_keys(self, positions: torch.Tensor, verify: bool = False) -> torch.Tensor:
+        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`. `verify`:
+        check the kept table against a sample of the weight's values too (a prompt, not each decoded token), which
+        sees an edit that bumps no version (`.data`, PEFT's merge_and_unload) where a new stream starts."""
         k_len = positions.shape[0]
         training = self.training or torch.is_grad_enabled()
         if training and not torch.compiler.is_compiling():  # (a traced graph would guard on the count: train() does)
@@ -471,11 +500,17 @@ class TxlRelativeAttention(nn.Module):
         weight = pos_proj.weight
         device_type = table.device.type
         autocast = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
-        key = (weight.data_ptr(), weight._version, autocast)
+        key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
         cached = self._position_table
-        if cached is None or cached[0] != key or cached[1] is not table:
+        if (
+            cached is None
+            or cached[0] != key
+            or cached[1] is not table
+            or (verify and not torch.equal(_weight_sample(weight), cached[3]))
+        ):
             projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
-            cached = self._position_table = (key, table, projected.contiguous())  # [H, L, D], heads apart
+            # [H, L, D], heads apart
+            cached = self._position_table = (key, table, projected.contiguous(), _weight_sample(weight))
         projected = cached[2]
         return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
@@ -549,7 +584,7 @@ class TxlRelativeAttention(nn.Module):
             key, value = store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
         elif version is not None:
             store.store_projections(key, value, version)
-        rel_key = self._relative_keys(positions)  # [H, K, D]
+        rel_key = self._relative_keys(positions, verify=not kept or q_len > 1)  # [H, K, D]
 
         # The one place where the computation path is chosen: eager (the readable reference, and the only one that
         # returns probabilities), CPU training (the compiled forward where it is built, with the torch kernel's
