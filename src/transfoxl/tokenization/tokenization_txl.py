@@ -34,7 +34,10 @@ Parity with v4's `TransfoXLTokenizer` (checked against fixtures recorded with tr
   - a newline ends a line with `<eos>` (v4's `tokenize` dropped it): `line one\nline two` ->
     `line one <eos> line two`; pass `eos_per_line=False` for v4's behaviour;
   - Moses' less common normalizations (Penn-style quotes, French quotes, pseudo-spaces, full-width punctuation) are
-    not applied.
+    not applied, nor its finer splitting of some scripts (Han characters next to kana) and marks;
+  - settings: a folder without `tokenizer_config.json` takes `lower_case` from the vocabulary file (v4 ignored it
+    there and did not lower-case: a vocabulary built lower-cased then mapped every capitalised word to `<unk>`), and
+    v4's `never_split` is not carried over.
 * decoding: words joined by single spaces and WikiText's `@-@ @,@ @.@` undone (`1 @,@ 000` -> `1,000`,
   `role @-@ playing` -> `role-playing`), `<eos>` -> newline. v4 ran Moses' detokenizer instead (no space before
   punctuation, `@-@` left as is): v4 `He said "it was the game" and left.`, here `He said " it was the game " and
