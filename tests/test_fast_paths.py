@@ -1066,15 +1066,18 @@ def test_the_fused_decoding_steps_equal_the_general_path(monkeypatch, variant, s
     torch.testing.assert_close(fast, eager, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("embedding", ["plain", "adaptive"])
 @pytest.mark.parametrize("step", ["model", "layer"])
-def test_a_stream_continued_under_autocast_decodes_on_without_the_fused_steps(monkeypatch, step):
+def test_a_stream_continued_under_autocast_decodes_on_without_the_fused_steps(monkeypatch, step, embedding):
     """A token decoded under CPU autocast (bfloat16) keeps bfloat16 keys and values in the memory (the weights, and so
     the memory's projection version, unchanged). The float32 token after it does not take a fused step, which reads
     float32 only (a C++ check failed at every later token before), but the general path, which keeps the memory in
-    float32 again; the tokens after that are fused again, all as the general path decodes them."""
+    float32 again; the tokens after that are fused again, all as the general path decodes them. The adaptive
+    embedding's projection returns the tables' dtype under autocast too (its bfloat16 output made the whole residual
+    stream bfloat16, and the memory refused the float32 token after it)."""
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
-    model = tiny_lm(div_val=1, cutoffs=[])  # (a float32 first layer's memory: an adaptive embedding's is bfloat16)
+    model = tiny_lm(div_val=1, cutoffs=[]) if embedding == "plain" else tiny_lm()
     model.config._attn_implementation = "sdpa"
     ids = covering_ids(model.config.vocab_size, batch=1, length=9)
     results = []
@@ -1085,6 +1088,7 @@ def test_a_stream_continued_under_autocast_decodes_on_without_the_fused_steps(mo
             memory = model(ids[:, :5], use_cache=True).past_key_values
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 model(ids[:, 5:6], past_key_values=memory)
+                assert model.transformer.word_embeddings(ids[:, 5:6]).dtype == torch.float32
             assert memory.layers[0]._keys.value.dtype == torch.bfloat16
             results.append([model(ids[:, i : i + 1], past_key_values=memory).logits for i in range(6, 9)])
         if fused:  # the autocast token, the first after it (the general path keeps float32 again): not fused

@@ -840,6 +840,12 @@ class TxlAdaptiveEmbedding(nn.Module):
                 self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids `[B, Q]` -> `[B, Q, E]`, in the tables' dtype: under autocast a projection's output would be
+        bf16 / fp16, and the whole residual stream after it, where a plain embedding's keeps the weights' dtype (and
+        a memory made under autocast could then not be continued outside it)."""
+        return self._embed(input_ids).to(self.embeddings[0].weight.dtype)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if len(self.embeddings) == 1:
             embeddings = self.embeddings[0](input_ids)  # [B, Q, d_embed]
             if len(self.projections) > 0:
