@@ -330,6 +330,13 @@ MISSING_CASES = {
         "model.safetensors holds no tensor at all (a valid, empty file)",
         r"lacks weights the model needs \(\d+\), which would be left random: adaptive_softmax\.cluster_bias",
     ),
+    "untied_output_layers": (
+        lambda folder: edit_config(folder, tie_word_embeddings=False),
+        "config.json unties the output layers from the embedding (as a v4 config's tie_weight false, which "
+        "transformers 4.x ignored), the weights hold none",
+        r"lacks weights the model needs \(\d+\), which would be left random: "
+        r"adaptive_softmax\.output_layers\.0\.weight.*pass tie_word_embeddings=True to from_pretrained",
+    ),
     "untie_r_changed": (
         lambda folder: edit_config(folder, untie_r=False),
         "config.json says untie_r=false (shared u, v), the weights have per-layer ones",

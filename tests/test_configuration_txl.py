@@ -98,6 +98,12 @@ def test_legacy_config_json_with_old_names_and_extra_keys(tmp_path):
         assert not hasattr(config, gone), gone
 
 
+def test_a_legacy_tie_projs_shorter_than_the_clusters_leaves_the_rest_untied_as_v4_did():
+    assert TransfoXLConfig(cutoffs=[10, 20], vocab_size=30, tie_projs=[False, True]).tie_projs == [False, True, False]
+    with pytest.raises(ValueError, match="needs one entry per cluster"):
+        TxlConfig(cutoffs=[10, 20], vocab_size=30, tie_projs=[False, True])  # (a new config: a slip, refused)
+
+
 def test_saved_tie_projs_win_over_proj_share_all_but_first():
     assert TxlConfig(cutoffs=[10, 20], vocab_size=30, tie_projs=[True, False, True]).tie_projs == [True, False, True]
     assert TxlConfig(cutoffs=[10, 20], vocab_size=30).tie_projs == [False, True, True]

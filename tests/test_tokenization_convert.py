@@ -10,6 +10,8 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,20 @@ def test_convert_vocab_script_refuses_malicious_files(
     record_property("outcome", error.strip())
     assert re.search(rf"error: {named(path)}: .*{SYSTEM[1:-1]}", error), error
     assert not sentinel.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_converted_vocabulary_is_the_same_file_in_every_process(tmp_path: Path) -> None:
+    """The pre-tokenizer's regex lists words of equal length in a fixed order: with a set's order (which follows
+    the hash seed) each conversion, and each publication of it, wrote another tokenizer.json."""
+    digests = set()
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        script = "import sys; from transfoxl.cli import convert_vocab; sys.exit(convert_vocab.main(sys.argv[1:]))"
+        subprocess.run(
+            [sys.executable, "-c", script, str(FIXTURES / "v4_folder"), str(out)],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        digests.add(hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest())
+    assert len(digests) == 1

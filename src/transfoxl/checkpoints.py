@@ -498,10 +498,19 @@ def check_loaded_weights(
     fresh = FRESH_HEADS.get(type(model).__name__, ())
     missing = [name for name in info.get("missing_keys") or () if name.split(".")[0] not in fresh]
     if missing:
+        untied = ""
+        if all(".output_layers." in name for name in missing) and not getattr(model.config, "tie_word_embeddings", 1):
+            # transformers 4.x read a legacy config's `tie_weight: false` and tied the weights all the same, so its
+            # checkpoints hold no output layers
+            untied = (
+                " The output layers are the ones missing and the config unties them (tie_word_embeddings false, or "
+                "a v4 config's tie_weight false, which transformers 4.x ignored): pass tie_word_embeddings=True to "
+                "from_pretrained, or set it in config.json, to tie them to the input embedding as v4 did."
+            )
         raise CheckpointMismatchError(
             f"{source}: the checkpoint lacks weights the model needs ({len(missing)}), which would be left random: "
             f"{_listing(missing)}. The weights file is incomplete, belongs to another model (a TxlModel checkpoint "
-            f"has no language-modelling head), or {hint}"
+            f"has no language-modelling head), or {hint}.{untied}"
         )
     misplaced = [name for name in info.get("unexpected_keys") or () if _inside_model(model, name)]
     if misplaced:

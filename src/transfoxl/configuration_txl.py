@@ -217,6 +217,9 @@ class TxlConfig(PreTrainedConfig):
             raise ValueError(
                 f"TxlConfig: `tie_projs` must be a list of bools (one per cluster), got {self.tie_projs!r}."
             )
+        if self.model_type == "transfo-xl" and len(self.tie_projs) < len(cutoffs) + 1:
+            # v4 read a shorter list as it went, leaving the clusters after it untied
+            self.tie_projs = self.tie_projs + [False] * (len(cutoffs) + 1 - len(self.tie_projs))
         if len(self.tie_projs) != len(cutoffs) + 1:
             raise ValueError(
                 f"TxlConfig: `tie_projs` needs one entry per cluster (len(cutoffs) + 1 = {len(cutoffs) + 1}), "

@@ -154,7 +154,9 @@ def wikitext_normalizer(
 
 
 def _alternation(words: Iterable[str]) -> str:
-    return "|".join(re.escape(word) for word in sorted(set(words), key=len, reverse=True))
+    # Longest first (a prefix of another word must not match before it); then alphabetical, so that the regex, and
+    # the tokenizer.json that holds it, are the same in every run (a set's order changes with the hash seed).
+    return "|".join(re.escape(word) for word in sorted(set(words), key=lambda word: (-len(word), word)))
 
 
 def wikitext_pre_tokenizer(
