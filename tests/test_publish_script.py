@@ -778,6 +778,41 @@ def test_publish_refuses_a_conversion_record_of_the_wrong_type(scripts, model_co
     assert not (model_copy.parent / "dry").exists()
 
 
+def _truncate_weights(folder) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+
+
+@pytest.mark.parametrize(
+    ("damage", "fragments"),
+    [
+        pytest.param(
+            _truncate_weights,
+            ("its weights do not load", "model.safetensors"),
+            id="truncated",
+            marks=pytest.mark.reliability(
+                "publish.py", "model.safetensors cut short by 1,000 bytes", "exit 2 naming the file; nothing written"
+            ),
+        ),
+        pytest.param(
+            lambda folder: edit_config(folder, n_layer=3),
+            ("its weights do not load", "lacks weights the model needs", "transformer.layers.2."),
+            id="config-not-fitting",
+            marks=pytest.mark.reliability(
+                "publish.py",
+                "config.json says n_layer=3, the weights have 2 layers",
+                "exit 2 naming the missing weights (a download would load with a warning and a random layer)",
+            ),
+        ),
+    ],
+)
+@pytest.mark.usefixtures("one_thread")
+def test_publish_refuses_weights_that_do_not_load(scripts, model_copy, capsys, record_property, damage, fragments):
+    damage(model_copy)
+    expect_cli_error(record_property, scripts["publish"].main, publish_argv(model_copy), capsys, *fragments)
+    assert not (model_copy.parent / "dry").exists()
+
+
 @pytest.mark.reliability(
     "publish.py",
     "tokenizer with more tokens than the model's vocab_size",

@@ -152,6 +152,7 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
     add_weights(publication)
     add_code(publication)
     add_tokenizer(publication)
+    check_weights(publication)  # (after the checks that name a more specific cause)
 
     publication.metrics = run.metrics
     publication.train_args = run.train_args
@@ -261,6 +262,27 @@ def add_weights(publication: Publication) -> None:
         f"RUN_DIR {root} has no weights: expected model.safetensors (or {', '.join(SINGLE_WEIGHT_FILES[1:])}, "
         f"or a sharded {' / '.join(WEIGHT_INDEX_FILES)})"
     )
+
+
+def check_weights(publication: Publication) -> None:
+    """The weights load into the model that config.json describes, with the checks of this package's
+    `from_pretrained` (no file damaged, no weight missing or left over, every shape right): published otherwise, a
+    download would load with plain transformers and a warning, and part of the model random."""
+    from . import modeling_txl  # (here: the rest of publishing needs no model code)
+    from .checkpoints import CheckpointError
+
+    classes = ("TxlForCausalLM", "TxlForSequenceClassification", "TxlModel")
+    named = [name for name in publication.config.get("architectures") or () if name in classes]
+    model_class = getattr(modeling_txl, named[0] if named else "TxlForCausalLM")
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model_class.from_pretrained(publication.path)
+    except CheckpointError as error:
+        raise RunFolderError(f"RUN_DIR {publication.path}: its weights do not load: {error}") from None
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def auto_map_modules(auto_map: dict[str, Any]) -> list[str]:
