@@ -8,6 +8,7 @@ one-line message naming the problem (the rows of docs/reliability-table.md for p
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -233,6 +234,17 @@ def test_model_card_metadata_and_model_index_match_metrics(run_dir, hub_folder):
     assert metrics["sample"]["generated"].strip() in body
     assert "`train.txt`" in body and "training_args.json" in body and "cpu" in body
     assert "| test | 64 | " in body and "## Limitations" in body
+
+
+def test_model_card_names_the_transformers_versions_its_code_needs(run_dir):
+    """The card's code runs on the reader's transformers: it says which versions, as this package's metadata does
+    (5.24 renamed generate()'s cache argument, and a Hub user's plain `pip install transformers` gets the newest)."""
+    requirement = model_card.transformers_requirement()
+    assert requirement is not None and requirement.startswith(">=")
+    packaged = [line for line in importlib.metadata.requires("transfoxl") if line.startswith("transformers")]
+    assert set(requirement.split(",")) == set(re.sub(r"^transformers\s*", "", packaged[0]).split(","))
+    card = str(hub.run_card(hub.read_run_folder(run_dir), REPO_ID, "mit", None))
+    assert f'pip install "transformers{requirement}"' in card
 
 
 def test_model_card_names_the_data_source(run_dir):

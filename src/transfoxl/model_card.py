@@ -11,6 +11,7 @@ The inputs are what gets published: local paths are already cut to file names (`
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import re
@@ -272,6 +273,21 @@ def training_values(
 # The two cards
 
 
+def transformers_requirement() -> str | None:
+    """The transformers versions this package's code (which a published folder carries) works with, as its
+    installed metadata says (`">=5.23,<5.24"`), or None where that cannot be read."""
+    try:
+        requirements = importlib.metadata.requires("transfoxl") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        found = re.fullmatch(r"transformers\s*([<>=!~][^;]*)", requirement.strip())
+        if found:  # (lower bound first: ">=5.23,<5.24")
+            parts = found.group(1).replace(" ", "").split(",")
+            return ",".join(sorted(parts, key=lambda part: not part.startswith(">")))
+    return None
+
+
 def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int | None, **values: Any) -> ModelCard:
     """The template rendered with the values both cards share (from `config`) and the card's own `values`."""
     # The training segment, where the config records it (a converted v4 config may not): else the memory's length,
@@ -289,6 +305,7 @@ def render(card_data: ModelCardData, config: dict[str, Any], *, parameters: int 
         "repo_id_comment": "",
         "data_source": None,
         "headline": None,
+        "transformers_requirement": transformers_requirement(),
     }
     card = ModelCard.from_template(card_data, template_path=str(TEMPLATE), **{**shared, **values})
     card.text = card.text.rstrip("\n") + "\n"  # jinja drops the template's final line end

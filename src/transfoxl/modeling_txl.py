@@ -34,11 +34,13 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import re
 import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -1492,6 +1494,10 @@ class TxlModel(TxlPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+# transformers 5.24 passes the cache to generate() and the model as `cache=` (`past_key_values` deprecated there)
+_GENERATE_TAKES_CACHE = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2]) >= (5, 24)
+
+
 class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     """Transformer-XL with its adaptive softmax language-model head."""
 
@@ -1747,6 +1753,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
         check_generation_settings(setting, self.config.vocab_size)
+        if _GENERATE_TAKES_CACHE and (kwargs.get("past_key_values") is not None or kwargs.get("cache") is not None):
+            raise ValueError(
+                f"generate() from a memory needs transformers < 5.24 (installed: {transformers.__version__}): 5.24 "
+                "renamed generate()'s cache argument, which this model's code does not follow yet. Install "
+                '"transformers>=5.23,<5.24", or continue the stream with forward calls.'
+            )
         return super().generate(inputs, *args, **kwargs)
 
 
