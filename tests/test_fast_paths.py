@@ -90,6 +90,44 @@ def test_cpu_training_kernel_equals_eager_attention(q_len, mem_len, mask_kind):
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads", [1, 2])
+def test_cpu_training_kernel_takes_a_query_whose_last_dimension_is_strided(heads):
+    """A direct caller's query may be any view: with one head, the backward's head-major query stayed a view that
+    could not be reshaped in place ("view size is not compatible"; found by a helper's fuzz)."""
+    torch.manual_seed(heads)
+    batch, q_len, mem_len, head_dim = 2, 4, 3, 8
+    query = torch.randn(batch, heads, head_dim, q_len).transpose(2, 3).requires_grad_()  # [B, H, Q, D], stride(-1) Q
+    key, value = torch.randn(2, batch, heads, q_len + mem_len, head_dim)
+    rel_key, content_bias, position_bias = (
+        torch.randn(heads, q_len + mem_len, head_dim),
+        *torch.randn(2, heads, head_dim),
+    )
+    mask = causal_memory_mask(q_len, mem_len, same_length=False, max_mem_len=mem_len, device="cpu")
+    inputs = (query, key, value, rel_key, content_bias, position_bias, mask)
+    expected = eager_relative_attention(*inputs, scaling=0.3, dropout=0.0)[0]
+    output = relative_attention(*inputs, scaling=0.3)
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+    weights = torch.randn_like(output)
+    (grad,) = torch.autograd.grad((output * weights).sum(), query)
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), query)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def test_chunked_training_loss_of_no_rows_has_zero_gradients():
+    """`adaptive_nll` of zero rows (a direct caller's empty batch): its backward read the first row's scale."""
+    torch.manual_seed(0)
+    clusters = [
+        (torch.randn(6, 4, requires_grad=True), torch.randn(6, requires_grad=True), None),
+        (torch.randn(3, 4, requires_grad=True), torch.randn(3, requires_grad=True), None),
+    ]
+    hidden_states = torch.randn(0, 4, requires_grad=True)
+    targets = torch.zeros(0, dtype=torch.long)
+    nll = kernels_txl.adaptive_nll(hidden_states, targets, clusters, [0, 5, 8], ignore_index=-100, chunk_rows=4)
+    assert nll.shape == (0,)
+    grads = torch.autograd.grad(nll.sum(), [hidden_states, *clusters[0][:2]])
+    assert all(not grad.any() for grad in grads)
+
+
 def _attention_inputs(batch, heads, q_len, mem_len, head_dim=8, seed=0):
     """Query, key, value (strided views, as in the model), rel_key and the biases of a relative attention."""
     torch.manual_seed(seed)
@@ -157,15 +195,21 @@ def test_one_query_attention_equals_eager_attention(batch, mem_len, mask_kind):
         (9, 5, 9, "causal"),
         (11, 6, 4, "padding"),
         (12, 8, 5, "same_length"),
+        (20, 0, 8, "left_padding"),
     ],
 )
 def test_attention_by_query_blocks_equals_the_whole_segment(q_len, mem_len, block, mask_kind):
     """A block of queries against the keys up to its last query (a memory of M + s, a segment of e - s) is the
     same relative attention: the blocks together give the whole segment's output, for the causal, padded and
-    same_length masks (keys beyond the frontier are hidden by all of them)."""
+    same_length masks (keys beyond the frontier are hidden by all of them). A left-padded row's padded queries see
+    no key: eager's output there is the mean of every value, which the blocks gave over their own keys only."""
     batch, heads = 3, 2
     inputs = _attention_inputs(batch, heads, q_len, mem_len, seed=q_len + mem_len)
-    mask = _mask(mask_kind, batch, q_len, mem_len, max_mem_len=mem_len)
+    if mask_kind == "left_padding":  # row 1's first 5 tokens are padding, as keys: its first 5 queries see nothing
+        mask = _mask("causal", batch, q_len, mem_len, max_mem_len=mem_len)[None, None].repeat(batch, 1, 1, 1)
+        mask[1, ..., :5] = True
+    else:
+        mask = _mask(mask_kind, batch, q_len, mem_len, max_mem_len=mem_len)
     expected, _ = eager_relative_attention(*inputs, mask, scaling=0.3, dropout=0.0)
     output = relative_attention_by_query_blocks(*inputs, mask, scaling=0.3, block=block)
     assert output.shape == expected.shape

@@ -201,7 +201,8 @@ def _relative_attention_backward(
     grad_scores = grad_padded[:, :, q_len:].view(batch_heads, q_len, k_len)
     grad_content_query = torch.bmm(grad_scores, key).mul_(scaling)
     grad_key = torch.bmm(grad_scores.transpose(1, 2), content_query).mul_(scaling)
-    position_query = content_query.view(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(scaling)
+    # (reshape: content_query may be a strided view of the caller's query, which only a copy makes [H, B Q, D])
+    position_query = content_query.reshape(heads, batch * q_len, head_dim).add(bias_shift[:, None]).mul_(scaling)
     grad_padded = grad_padded.view(heads, batch * q_len, k_len + 1)
     grad_position_query = torch.bmm(grad_padded, padded_rel_key)  # [H, B Q, D]
     grad_padded_rel_key = torch.bmm(grad_padded.transpose(1, 2), position_query)  # [H, K + 1, D]
@@ -339,6 +340,12 @@ def relative_attention_by_query_blocks(
             probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(value.dtype)
         block_output = torch.bmm(probs, value[:, :visible])  # [B H, C, D]
         output[:, start:end] = block_output.view(batch, heads, rows, head_dim).transpose(1, 2)
+    # A query that sees no key at all (a padded position): eager attention's softmax is uniform over all K keys,
+    # where a block's would be over the keys it reads; its output, the mean of every value, as eager's.
+    unseeing = mask.all(dim=-1).reshape(-1, q_len)  # [1 or B, Q]
+    if unseeing.any():
+        mean_value = value.mean(dim=1).view(batch, 1, heads, head_dim)  # [B, 1, H, D]
+        output = torch.where(unseeing[:, :, None, None], mean_value.to(output.dtype), output)
     return output.transpose(1, 2)  # [B, H, Q, D]
 
 
@@ -805,7 +812,9 @@ class _ChunkedAdaptiveNLL(torch.autograd.Function):
     def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden_states, targets, *rest = ctx.saved_tensors
         flat, grads = rest[: ctx.num_flat], rest[ctx.num_flat :]
-        if torch.equal(grad_nll, grad_nll[:1].expand_as(grad_nll)):  # the usual case: one scale for every row
+        if grad_nll.numel() == 0:  # no rows: nothing to scale (the gradients of nothing are 0)
+            grads = [None if grad is None else torch.zeros_like(grad) for grad in grads]
+        elif torch.equal(grad_nll, grad_nll[:1].expand_as(grad_nll)):  # the usual case: one scale for every row
             grads = [None if grad is None else grad * grad_nll[0] for grad in grads]  # not in place: retain_graph
         else:
             clusters = [tuple(flat[index : index + 3]) for index in range(0, len(flat), 3)]
