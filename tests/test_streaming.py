@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from tests.test_generation import GREEDY, greedy_without_cache
 from tests.utils import case, expect_error, ids, tiny_lm
@@ -239,17 +240,78 @@ def test_stream_refuses_bad_input(lm, record_property, error, match, call) -> No
 @pytest.mark.reliability(
     "streaming",
     "feed([1, 2, 3, 4, 97, 5]) with vocab_size 97 (segments of 4)",
-    "ValueError at feed time naming the id; the stream keeps only what came before it",
+    "ValueError at feed time naming the id; the stream as it was before the call",
 )
 @pytest.mark.usefixtures("one_thread")
 def test_a_bad_id_is_refused_when_fed_and_leaves_the_stream_usable(lm, record_property) -> None:
     stream = TxlStream(lm, segment_len=4)
+    stream.feed([7, 8])
     expect_error(
         record_property,
         ValueError,
-        r"token id 97 is outside the vocabulary \[0, 97\)",
+        r"token id 97 is outside the vocabulary \[0, 97\); nothing of this call was fed",
         lambda: stream.feed([1, 2, 3, 4, 97, 5]),
     )
-    # Before, 97 waited in `pending` and failed at some later generate(), for good.
-    assert stream.tokens_seen == 4 and torch.equal(stream.pending, torch.tensor([[1, 2, 3, 4]]))
+    # Before, 97 waited in `pending` and failed at some later generate(), for good; then the ids before it stayed.
+    assert stream.tokens_seen == 2 and torch.equal(stream.pending, torch.tensor([[7, 8]]))
+    assert stream.memory.get_seq_length() == 0
     assert stream.generate([6], max_new_tokens=2, do_sample=False).shape == (1, 2)
+
+
+def _stream_fingerprint(stream: TxlStream) -> tuple:
+    return stream.tokens_seen, stream.pending.tolist(), stream.memory.seen_tokens, stream.memory.get_seq_length()
+
+
+@pytest.mark.parametrize("where", ["generate's arguments", "a streamer", "the second segment's forward"])
+@pytest.mark.usefixtures("one_thread")
+def test_an_error_half_way_leaves_the_stream_as_it_was(lm, where, monkeypatch) -> None:
+    """feed() and generate() are all or nothing: the prompt was fed before generate()'s arguments were checked (a
+    retry then had it twice), a segment run before an interrupt was lost from `pending` while the memory was put
+    back, and a streamer that raised left the pending tokens both in the memory and in `pending`."""
+    stream = TxlStream(lm, segment_len=4)
+    stream.feed(ids(1, 6))
+    before = _stream_fingerprint(stream)
+    reference = TxlStream(lm, segment_len=4).feed(ids(1, 6))
+    if where == "generate's arguments":
+        call = lambda: stream.generate(ids(1, 5, seed=1), max_new_tokens=0)  # noqa: E731
+    elif where == "a streamer":
+
+        class Failing(BaseStreamer):
+            def put(self, value):
+                if value.numel() == 1:  # (the first put is the prompt)
+                    raise KeyboardInterrupt
+
+            def end(self):
+                pass
+
+        call = lambda: stream.generate(ids(1, 5, seed=1), max_new_tokens=4, streamer=Failing())  # noqa: E731
+    else:
+        calls = []
+        forward = type(lm).forward
+
+        def failing_forward(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(lm), "forward", failing_forward)
+        call = lambda: stream.feed(ids(1, 10, seed=1))  # noqa: E731
+    with pytest.raises((ValueError, KeyboardInterrupt)):
+        call()
+    monkeypatch.undo()
+    assert _stream_fingerprint(stream) == before
+    continued = stream.generate(ids(1, 3, seed=2), max_new_tokens=3, do_sample=False)
+    assert torch.equal(continued, reference.generate(ids(1, 3, seed=2), max_new_tokens=3, do_sample=False))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_single_ids_and_chunks_are_fed_in_their_order(lm) -> None:
+    """An iterator may mix single ids and chunks; the single ids waiting to be grouped went after the chunk."""
+    mixed, plain = TxlStream(lm, segment_len=8), TxlStream(lm, segment_len=8)
+    mixed.feed(iter([5, 6, torch.tensor([7, 8]), 9, [10]]))
+    plain.feed(torch.tensor([5, 6, 7, 8, 9, 10]))
+    assert torch.equal(mixed.pending, plain.pending)
+    one = TxlStream(lm)
+    one.feed(torch.tensor(5))  # a 0-d tensor: one id
+    assert one.tokens_seen == 1

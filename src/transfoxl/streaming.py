@@ -74,10 +74,11 @@ class TxlStream:
 
     def feed(self, tokens: torch.Tensor | Iterable[int] | Iterable[torch.Tensor]) -> TxlStream:
         """Append tokens to the stream: a `[T]` or `[batch_size, T]` tensor, a list of ids, or an iterator of ids or
-        of such tensors (read lazily, so a text larger than memory can be streamed). Returns the stream."""
+        of such tensors (read lazily, so a text larger than memory can be streamed). Returns the stream. All or
+        nothing: an error or an interrupt on the way leaves the stream as it was before the call."""
         chunks = self._chunks(tokens)
         bar = tqdm(desc="feeding", unit="tok", disable=not self.progress, total=self._length_hint(tokens))
-        with bar:
+        with bar, self._all_or_nothing():
             for chunk in chunks:
                 self.pending = torch.cat([self.pending, chunk], dim=1)
                 self.tokens_seen += chunk.shape[1]
@@ -90,8 +91,13 @@ class TxlStream:
 
         The generated tokens become part of the stream. `generate_kwargs` go to `model.generate` (max_new_tokens,
         do_sample, top_k, top_p, temperature, num_beams, streamer, stopping criteria, ...). With beam search, the best
-        sequence of each stream is what the stream continues with.
+        sequence of each stream is what the stream continues with. All or nothing, as `feed`: after an error (a bad
+        argument, an interrupt, a streamer that raises) the prompt is not part of the stream.
         """
+        with self._all_or_nothing():
+            return self._generate(prompt, **generate_kwargs)
+
+    def _generate(self, prompt: torch.Tensor | Iterable[int] | None, **generate_kwargs) -> torch.Tensor:
         if prompt is not None:
             self.feed(prompt)
         if self.pending.shape[1] == 0:
@@ -120,6 +126,18 @@ class TxlStream:
         return new_tokens
 
     # -----------------------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """The stream as it was (memory, pending tokens, count) if the block raises: the memory's entries are never
+        written over, so its state is a few references, no copy."""
+        state = self.memory.state(), self.pending, self.tokens_seen
+        try:
+            yield
+        except BaseException:
+            memory_state, self.pending, self.tokens_seen = state
+            self.memory.restore_state(memory_state)
+            raise
 
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
@@ -160,11 +178,16 @@ class TxlStream:
                 continue
             if not isinstance(item, (torch.Tensor, list, tuple)) and not hasattr(item, "__array__"):
                 raise TypeError(f"TxlStream.feed: token ids must be integers, got {item!r} ({type(item).__name__}).")
+            if buffer:  # the single ids before this chunk come first
+                yield self._as_batch(torch.tensor(buffer))
+                buffer = []
             yield self._as_batch(torch.as_tensor(item))
         if buffer:
             yield self._as_batch(torch.tensor(buffer))
 
     def _as_batch(self, chunk: torch.Tensor) -> torch.Tensor:
+        if chunk.dim() == 0:  # one id
+            chunk = chunk[None]
         if chunk.dim() == 1:
             chunk = chunk[None]
         if chunk.dim() != 2 or chunk.shape[0] != self.batch_size:
@@ -172,6 +195,11 @@ class TxlStream:
             if chunk.dim() == 2 and self.batch_size == 1:
                 hint = (
                     f" For {chunk.shape[0]} streams side by side, make the stream with TxlStream(..., batch_size=N)."
+                )
+            elif chunk.shape[0] == 1 and self.batch_size > 1:
+                hint = (
+                    f" Each chunk holds a step of every stream: a [{self.batch_size}, T] tensor (a list of one list "
+                    "per stream is read as chunks of one stream each)."
                 )
             raise ValueError(
                 f"TxlStream.feed: expected ids of shape [T] or [{self.batch_size}, T] (one row per stream), got "
@@ -186,12 +214,12 @@ class TxlStream:
             if bad is not None:
                 raise ValueError(
                     f"TxlStream.feed: token id {bad} is outside the vocabulary "
-                    f"[0, {vocab_size}); nothing of this chunk was fed."
+                    f"[0, {vocab_size}); nothing of this call was fed (the stream is as it was)."
                 )
         return chunk.to(self.device, torch.long)
 
     @staticmethod
     def _length_hint(tokens: object) -> int | None:
         if isinstance(tokens, torch.Tensor):
-            return tokens.shape[-1]
+            return tokens.shape[-1] if tokens.dim() > 0 else 1
         return len(tokens) if isinstance(tokens, (list, tuple)) and all(isinstance(t, int) for t in tokens) else None
