@@ -35,6 +35,7 @@ from tests.utils import (
     named,
     refused,
     reliability,
+    tiny_config,
     tiny_lm,
     write_bin,
 )
@@ -426,6 +427,21 @@ def test_other_heads_still_load(saved: Path, record_property) -> None:
         "outcome", f"loaded; TxlModel {sorted_info(base_info)}; TxlForSequenceClassification {sorted_info(head_info)}"
     )
     assert not base_info["missing_keys"] and head_info["missing_keys"] == {"score.weight"}
+
+
+@reliability(
+    "a classifier saved with 2 labels, loaded with num_labels=3",
+    "CheckpointMismatchError naming the head's number of labels (not the architecture fields)",
+)
+def test_a_classifier_loaded_with_another_number_of_labels_names_num_labels(tmp_path: Path, record_property) -> None:
+    TxlForSequenceClassification(tiny_config(num_labels=2, pad_token_id=0)).save_pretrained(tmp_path / "classifier")
+    refused(
+        record_property,
+        CheckpointMismatchError,
+        r"score\.weight: \[2, 32\] in the checkpoint, \[3, 32\] in the model\. The classification head has 3 "
+        r"labels \(num_labels, given to from_pretrained or in config\.json\)",
+        lambda: TxlForSequenceClassification.from_pretrained(tmp_path / "classifier", num_labels=3),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ 3. missing files

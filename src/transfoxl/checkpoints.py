@@ -491,6 +491,12 @@ def check_loaded_weights(
             f"{name}: {list(checkpoint_shape)} in the checkpoint, {list(model_shape)} in the model"
             for name, checkpoint_shape, model_shape in mismatched
         ]
+        if all(name.split(".")[0] in FRESH_HEADS.get(type(model).__name__, ()) for name, _, _ in mismatched):
+            # only the classification head: another number of labels than the checkpoint's
+            hint = (
+                f"The classification head has {getattr(model.config, 'num_labels', '?')} labels (num_labels, given to "
+                "from_pretrained or in config.json), the checkpoint's another number"
+            )
         raise CheckpointMismatchError(
             f"{source}: weights whose shapes do not fit the model ({len(shapes)}): {_listing(shapes)}. {hint}; "
             "pass ignore_mismatched_sizes=True only to initialise them anew on purpose"

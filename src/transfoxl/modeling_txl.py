@@ -1813,15 +1813,27 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         logits = self.score(outputs.last_hidden_state)  # [B, Q, num_labels]
         batch = logits.shape[0]
         pad_token_id = self.config.pad_token_id
-        if input_ids is None or pad_token_id is None:
+        not_pad = None  # [B, Q], where the positions are not padding
+        if input_ids is not None and pad_token_id is not None:
+            not_pad = input_ids != pad_token_id
+        elif attention_mask is not None:  # inputs_embeds, or no pad token: the mask tells the padding
+            not_pad = attention_mask != 0
+        if not_pad is None:
             if batch > 1 and pad_token_id is None:
-                raise ValueError("Batches of more than one sequence need config.pad_token_id to find each last token.")
+                raise ValueError(
+                    "Batches of more than one sequence need config.pad_token_id (or an attention_mask) to find each "
+                    "last token."
+                )
+            if batch > 1:
+                logger.warning_once(
+                    "TxlForSequenceClassification: inputs_embeds without an attention_mask: padding cannot be told, "
+                    "so each row is classified at its last position."
+                )
             last_token = torch.full((batch,), logits.shape[1] - 1, device=logits.device)
         else:
             # Last position that is not padding (right padding); a row without padding uses its last position.
-            not_pad = (input_ids != pad_token_id).to(logits.device, torch.int32)
-            positions = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
-            last_token = (positions * not_pad).argmax(-1)
+            positions = torch.arange(not_pad.shape[-1], device=logits.device, dtype=torch.int32)
+            last_token = (positions * not_pad.to(logits.device, torch.int32)).argmax(-1)
         pooled_logits = logits[torch.arange(batch, device=logits.device), last_token]  # [B, num_labels]
 
         loss = None
