@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, observe, tiny_config, tiny_lm
-from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel
+from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream
+from transfoxl.evaluation import evaluate_stream
 from transfoxl.modeling_txl import (
     TxlAdaptiveLogSoftmax,
     causal_memory_mask,
@@ -300,6 +301,13 @@ def test_layers_added_or_removed_after_loading_all_run_with_memory(change):
     for batch in (1, 2):  # batch 1 decodes every layer in one fused call
         kwargs = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
         assert torch.equal(changed.generate(ids(batch, 5), **kwargs), built.generate(ids(batch, 5), **kwargs))
+    # The package's own streams and evaluation make their memories from the model too.
+    stream_tokens = TxlStream(changed, segment_len=3).feed(ids(1, 7)).generate(max_new_tokens=3, do_sample=False)
+    assert torch.equal(stream_tokens, TxlStream(built, segment_len=3).feed(ids(1, 7)).generate(max_new_tokens=3))
+    stream = ids(1, 40)[0]
+    assert evaluate_stream(changed, stream, tgt_len=8, mem_len=8).loss == pytest.approx(
+        evaluate_stream(built, stream, tgt_len=8, mem_len=8).loss, rel=1e-6
+    )
 
 
 def test_legacy_mems_round_trip():
@@ -490,8 +498,10 @@ def test_logits_to_keep_takes_a_tensor_of_positions_as_transformers_causal_lms_d
         torch.testing.assert_close(kept, every[:, positions], rtol=0, atol=1e-5)
     assert model(prompt, logits_to_keep=torch.tensor([], dtype=torch.long)).logits.shape == (2, 0, 97)
     for bad, match in (
-        (torch.tensor([[1]]), r"1-D integer positions, got shape \(1, 1\)"),
+        (torch.tensor([[1]]), r"1-D int64 or int32 positions, got shape \(1, 1\)"),
         (torch.tensor([0.5]), "float32"),
+        (torch.tensor([1, 0, 1, 0, 1, 1], dtype=torch.uint8), "uint8"),  # (indexing would read it as a mask)
+        (torch.tensor([1], dtype=torch.int16), "int16"),
     ):
         with pytest.raises(ValueError, match=match):
             model(prompt, logits_to_keep=bad)

@@ -519,7 +519,8 @@ def test_training_mostly_on_unknown_tokens_is_warned(text_files, tmp_path, capsy
     train_word_level(["the and of to a"]).save_pretrained(folder)
     run(text_files, tmp_path / "run", "--tokenizer", str(folder), "--steps", "1", "--sample-len", "0")
     printed = capsys.readouterr().out
-    assert "% of the training tokens are <unk> (words outside the tokenizer's vocabulary)" in printed
+    assert "% of the training tokens are <unk> (text outside the tokenizer's vocabulary)" in printed
+    assert "A new run can train its own" in printed  # (not a fine-tune: the advice of a new run)
     run(text_files, tmp_path / "own", "--steps", "1", "--sample-len", "0")  # the tiny preset's own tokenizer
     assert "of the training tokens are" not in capsys.readouterr().out
 

@@ -170,14 +170,9 @@ def check_label_tensor(given: Any, name: str, batch: int, q_len: int) -> None:
 
 def check_positions(positions: torch.Tensor, name: str, q_len: int) -> None:
     """A 1-D integer tensor of positions among `q_len` (negative ones count from the end), as indexing takes them."""
-    if (
-        positions.dim() != 1
-        or positions.is_floating_point()
-        or positions.is_complex()
-        or positions.dtype == torch.bool
-    ):
+    if positions.dim() != 1 or positions.dtype not in (torch.int64, torch.int32):  # (uint8 would index as a mask)
         raise ValueError(
-            f"{name} as a tensor must be 1-D integer positions, got shape {tuple(positions.shape)} of "
+            f"{name} as a tensor must be 1-D int64 or int32 positions, got shape {tuple(positions.shape)} of "
             f"{positions.dtype}."
         )
     if positions.device.type == "cpu" and not torch.compiler.is_compiling() and positions.numel() > 0:

@@ -188,7 +188,7 @@ def evaluate_stream(
     n_segments = len(batcher) if max_segments is None else min(max_segments, len(batcher))
     was_training = model.training
     model.eval()
-    memory = TxlMemory.from_config(model.config, mem_len) if mem_len > 0 else None
+    memory = TxlMemory.for_model(model, mem_len) if mem_len > 0 else None
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no host sync per segment
     num_targets = 0
     description = progress if isinstance(progress, str) else f"eval mem_len={mem_len}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -379,6 +379,15 @@ class TxlMemory(Cache):
     def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
         """An empty memory for `config`'s layers, `mem_len` positions long (default: `config.mem_len`)."""
         return cls(num_layers=config.n_layer, mem_len=config.mem_len if mem_len is None else mem_len)
+
+    @classmethod
+    def for_model(cls, model: Any, mem_len: int | None = None) -> TxlMemory:
+        """An empty memory for `model` (a TxlForCausalLM or TxlModel): one layer per layer it has, also where layers
+        were added or removed after `config.n_layer` was set; else (another wrapper) as `from_config`."""
+        base = getattr(model, "transformer", model)
+        if hasattr(base, "empty_memory"):
+            return base.empty_memory(mem_len)
+        return cls.from_config(model.config, mem_len)
 
     @classmethod
     def from_legacy(cls, mems: Sequence[torch.Tensor], mem_len: int | None = None) -> TxlMemory:

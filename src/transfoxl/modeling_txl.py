@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 import re
 import weakref
 from dataclasses import dataclass
@@ -367,10 +368,13 @@ def _identity(weight: torch.Tensor) -> int:
 
 
 def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
-    """64 of `weight`'s values spread over it (a copy): where they all stay equal, the weight is taken as unchanged
-    by edits that bump no version (a merged adapter or an edit through `.data` changes them all)."""
+    """64 of `weight`'s values spread over its rows and columns (a copy): where they all stay equal, the weight is
+    taken as unchanged by edits that bump no version (a merged adapter or an edit through `.data` changes them all)."""
     flat = weight.detach().reshape(-1)
-    return flat[:: max(1, flat.numel() // 64)][:64].clone()
+    stride = max(1, flat.numel() // 64)
+    while weight.dim() > 1 and math.gcd(stride, weight.shape[-1]) != 1:  # (else the samples share a few columns)
+        stride += 1
+    return flat[::stride][:64].clone()
 
 
 def _inference_caches_apply(projection: nn.Module) -> bool:
@@ -425,8 +429,8 @@ class TxlRelativeAttention(nn.Module):
         # Results kept across inference calls are keyed on the weights (the objects themselves, their storage and
         # version), and on this count of training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py
         # builds it) update parameters in place without bumping their version, so a training forward or `train()`
-        # starts anew. Edits through `.data` (PEFT's merge_and_unload) bump no version either: the position table
-        # is also checked against a sample of its weight at every prompt (see _relative_keys).
+        # starts anew. Edits through `.data` (PEFT's merge_and_unload) bump no version either: where a new stream
+        # starts, the position table is also checked against a sample of its weight (`check_kept_position_table`).
         self._training_phases = 0
 
     # Where the compiled kernel does not apply, long segments in inference on a CPU attend up to `query_block` queries
@@ -485,10 +489,15 @@ class TxlRelativeAttention(nn.Module):
             self._forget_inference_results()
         return super().train(mode)
 
-    def _relative_keys(self, positions: torch.Tensor, verify: bool = False) -> torch.Tensor:
-        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`. `verify`:
-        check the kept table against a sample of the weight's values too (a prompt, not each decoded token), which
-        sees an edit that bumps no version (`.data`, PEFT's merge_and_unload) where a new stream starts."""
+    def check_kept_position_table(self) -> None:
+        """Drop the kept projected position table if its weight's values changed without a new version (an edit
+        through `.data`, PEFT's merge_and_unload): the model asks where a new stream starts, not at every token."""
+        kept = self._position_table
+        if kept is not None and not torch.equal(_weight_sample(self.pos_proj.weight), kept[3]):
+            self._position_table = None
+
+    def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
+        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
         k_len = positions.shape[0]
         training = self.training or torch.is_grad_enabled()
         if training and not torch.compiler.is_compiling():  # (a traced graph would guard on the count: train() does)
@@ -504,12 +513,7 @@ class TxlRelativeAttention(nn.Module):
         autocast = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
         key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
         cached = self._position_table
-        if (
-            cached is None
-            or cached[0] != key
-            or cached[1] is not table
-            or (verify and not torch.equal(_weight_sample(weight), cached[3]))
-        ):
+        if cached is None or cached[0] != key or cached[1] is not table:
             projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
             # [H, L, D], heads apart
             cached = self._position_table = (key, table, projected.contiguous(), _weight_sample(weight))
@@ -586,7 +590,7 @@ class TxlRelativeAttention(nn.Module):
             key, value = store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
         elif version is not None:
             store.store_projections(key, value, version)
-        rel_key = self._relative_keys(positions, verify=not kept or q_len > 1)  # [H, K, D]
+        rel_key = self._relative_keys(positions)  # [H, K, D]
 
         # The one place where the computation path is chosen: eager (the readable reference, and the only one that
         # returns probabilities), CPU training (the compiled forward where it is built, with the torch kernel's
@@ -845,7 +849,10 @@ class TxlAdaptiveEmbedding(nn.Module):
         """Token ids `[B, Q]` -> `[B, Q, E]`, in the tables' dtype: under autocast a projection's output would be
         bf16 / fp16, and the whole residual stream after it, where a plain embedding's keeps the weights' dtype (and
         a memory made under autocast could then not be continued outside it)."""
-        return self._embed(input_ids).to(self.embeddings[0].weight.dtype)
+        embeddings = self._embed(input_ids)
+        if torch.is_autocast_enabled(input_ids.device.type):  # (a dtype lookup costs a few microseconds a token)
+            embeddings = embeddings.to(self.embeddings[0].weight.dtype)
+        return embeddings
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if len(self.embeddings) == 1:
@@ -1446,6 +1453,10 @@ class TxlModel(TxlPreTrainedModel):
             )
             mask = causal | key_padding[:, None, None, :]  # [B, 1, Q, K]
         positions = _dropout(self.dropout, self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
+        if (memory is None or memory.seen_tokens == 0) and not self.training and not torch.compiler.is_compiling():
+            for layer in self.layers:  # a new stream: see weight edits that bumped no version (a merged adapter)
+                if hasattr(attention := getattr(layer, "attention", None), "check_kept_position_table"):
+                    attention.check_kept_position_table()
         hidden_states = _dropout(self.dropout, inputs_embeds)
 
         # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.

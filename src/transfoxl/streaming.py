@@ -61,7 +61,7 @@ class TxlStream:
             if value is not None:  # None: mem_len's default
                 require_integer(value, f"TxlStream: {name}", minimum=least)
         self.model, self.batch_size, self.segment_len, self.progress = model, batch_size, segment_len, progress
-        self.memory = TxlMemory.from_config(config, mem_len)
+        self.memory = TxlMemory.for_model(model, mem_len)
         self.device = next(model.parameters()).device
         self.pending = torch.empty(batch_size, 0, dtype=torch.long, device=self.device)  # fed, not yet run
         self.tokens_seen = 0  # per stream, pending included

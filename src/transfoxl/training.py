@@ -257,7 +257,8 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
         return train_byte_level_bpe(train_lines, vocab_size=args.vocab_size or BPE_VOCAB_SIZE)
     try:
         return AutoTokenizer.from_pretrained(args.tokenizer)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as failure:
+        error = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
         if args.tokenizer != args.model_name_or_path:
             if offline_mode():  # transformers' own message asks to check the internet connection
                 error = "offline (HF_HUB_OFFLINE): not a folder, and not in the local Hub cache"
@@ -309,10 +310,16 @@ def load_data(
         raise SystemExit(f"Cannot load the data: {error}") from None
     share = unknown_share(streams["train"], tokenizer)
     if share > UNKNOWN_SHARE_WARNING and state.is_main_process:  # a fine-tuned model's vocabulary, another text
+        advice = (
+            "A fine-tuned model keeps its tokenizer: clean the text of what it does not know, or train a new model "
+            "on it."
+            if getattr(args, "model_name_or_path", None)
+            else "A new run can train its own (--tokenizer word, char or bpe)."
+        )
         print(
-            f"WARNING: {share:.1%} of the training tokens are {tokenizer.unk_token} (words outside the tokenizer's "
+            f"WARNING: {share:.1%} of the training tokens are {tokenizer.unk_token} (text outside the tokenizer's "
             "vocabulary): the model would mostly learn to predict it. Is the text the kind the tokenizer was made "
-            "for? A new run can train its own (--tokenizer word, char or bpe)."
+            f"for? {advice}"
         )
     return tokenizer, streams
 
