@@ -481,40 +481,38 @@ class TxlMemory(Cache):
         shorter than `mem_len`), the first `seen_tokens` are the memory's; 0 otherwise, while `seen_tokens` is
         unknown (None: after a compiled or exported forward, until `reset()`), and inside `input_is_new()`.
         """
-        seen, kept = self.seen_tokens, self._token_ids.value
-        if (
-            self._input_is_new
-            or not seen
-            or kept is None
-            or input_ids.shape[1] <= seen
-            or kept.shape[0] != input_ids.shape[0]
-        ):
-            return 0
-        count = min(kept.shape[1], seen)
-        matches = torch.equal(input_ids[:, seen - count : seen].to(kept.device, torch.long), kept[:, -count:])
-        return seen if matches else 0
+        return self._seen_prefix(input_ids, self._token_ids.value, lambda given, kept: torch.equal(given.long(), kept))
 
     def embeddings_already_seen(self, inputs_embeds: torch.Tensor) -> int:
         """`tokens_already_seen` for `generate(inputs_embeds=...)` `[B, L, E]`, whose continuation idiom always
         passes the whole sequence's embeddings again. Told apart from new embeddings by the first layer's memory,
         which holds the embeddings it was given (in eval mode, without dropout): equal within the rounding of an
         embedding computed for another number of tokens."""
-        seen, kept = self.seen_tokens, self.layers[0].read(False).hidden  # (read: without unsharing it)
+
+        def close(given: torch.Tensor, kept: torch.Tensor) -> bool:
+            tolerance = 1e-4 if kept.dtype in (torch.float32, torch.float64) else 2e-2
+            scale = float(kept.abs().max()) or 1.0
+            return torch.allclose(given.to(kept.dtype), kept, rtol=tolerance, atol=tolerance * scale)
+
+        return self._seen_prefix(inputs_embeds, self.layers[0].read(False).hidden, close)  # (read: no unsharing)
+
+    def _seen_prefix(
+        self, given: torch.Tensor, kept: torch.Tensor | None, same: Callable[[torch.Tensor, torch.Tensor], bool]
+    ) -> int:
+        """`seen_tokens` where `given` `[B, L, ...]` is longer than the stream so far and its entries just before
+        position `seen_tokens` are, by `same`, the last ones the memory keeps (`kept` `[B, <= M, ...]`); else 0."""
+        seen = self.seen_tokens
         if (
             self._input_is_new
             or not seen
             or kept is None
-            or inputs_embeds.shape[1] <= seen
-            or kept.shape[0] != inputs_embeds.shape[0]
-            or kept.shape[2] != inputs_embeds.shape[2]
+            or given.shape[1] <= seen
+            or kept.shape[0] != given.shape[0]
+            or kept.shape[2:] != given.shape[2:]
         ):
             return 0
         count = min(kept.shape[1], seen)
-        given = inputs_embeds[:, seen - count : seen].to(kept.device, kept.dtype)
-        kept = kept[:, -count:]
-        tolerance = 1e-4 if kept.dtype in (torch.float32, torch.float64) else 2e-2
-        scale = float(kept.abs().max()) or 1.0
-        return seen if torch.allclose(given, kept, rtol=tolerance, atol=tolerance * scale) else 0
+        return seen if same(given[:, seen - count : seen].to(kept.device), kept[:, -count:]) else 0
 
     def state(self) -> tuple:
         """What `restore_state` needs to put the memory back as it is now (no copy): the model takes it before a
