@@ -153,6 +153,22 @@ def test_an_edit_through_data_is_seen_where_a_new_stream_starts(start, edit):
     torch.testing.assert_close(torch.cat(logits, 1), expected, rtol=0, atol=1e-5)
 
 
+def test_a_model_moved_to_another_device_starts_new_streams():
+    """A model used on the CPU and then moved (`.to("cuda")`, as transformers' pipeline does on a GPU machine) kept a
+    position table whose weight sample was on the CPU; the check where a new stream starts compared it with the moved
+    weight's and raised (devices differ). The table is dropped instead (it is projected again anyway). The meta
+    device stands in for a GPU here."""
+    model = tiny_lm(mem_len=8)
+    with torch.no_grad():
+        model(ids(1, 5))
+    attentions = [layer.attention for layer in model.transformer.layers]
+    assert all(attention._position_table is not None for attention in attentions)
+    for attention in attentions:
+        attention.pos_proj.weight = torch.nn.Parameter(attention.pos_proj.weight.detach().to("meta"))
+        attention.check_kept_position_table()
+        assert attention._position_table is None
+
+
 def test_kept_results_name_the_weight_object_not_only_its_address():
     """A weight made after another was freed may take its address and version; the kept results' keys name the
     tensor object, and a copy unpickled with the attribute that holds its number gets a number of its own."""

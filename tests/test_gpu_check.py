@@ -19,6 +19,7 @@ def test_the_checks_pass_on_the_cpu(tmp_path: Path) -> None:
         "logits_vs_cpu",
         "greedy_vs_cpu",
         "training_gradients",
+        "checkpointing_dropout",
         "autocast_bf16",
         "bf16_weights",
         "generate_modes",

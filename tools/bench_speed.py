@@ -238,7 +238,7 @@ def phase_train(request: dict) -> dict:
     impl = request["impl"]
     model = load_model(request, mem_len=request["mem_len"]).train()
     if request.get("gradient_checkpointing") and impl == "transfoxl":
-        model.gradient_checkpointing_enable()  # layers recompute their activations in backward: memory for time
+        model.activation_checkpointing_enable()  # layers recompute their activations in backward: memory for time
     # Fused: one pass over the parameters (what train.py runs), not torch's per-parameter CPU default.
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=True)
     # Static shapes: one graph per memory length while the memory fills, then none (as train.py --compile).

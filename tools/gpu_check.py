@@ -6,8 +6,9 @@
 Checks (random weights, the mid configuration: adaptive embedding and softmax with div_val 2), each recorded as
 passed or failed with its figures, a failure not stopping the others:
 - the device's logits against the CPU's (fp32, TF32 off), SDPA and eager attention, a segment after a memory;
-- greedy decoding on the device against the CPU (logits of every step, the tokens);
-- a training step's gradients, SDPA against eager on the device, and against the CPU;
+- greedy decoding on the device against the CPU (logits of every step, the tokens), a model used on the CPU moved;
+- a training step's gradients, SDPA against eager on the device, and against the CPU; with dropout and gradient
+  checkpointing (reentrant and not) against the same step without checkpointing;
 - bf16 and fp16 autocast: the loss near fp32's, finite gradients (through the adaptive embedding and softmax's
   float32 log-softmax), generate() runs; a model cast to bf16 outright too;
 - beam search and a batch with left padding through generate();
@@ -84,13 +85,14 @@ def check_logits(config: dict, device: torch.device, q_len: int) -> dict:
 
 
 def check_greedy(config: dict, device: torch.device, prompt_len: int, new_tokens: int) -> dict:
-    """greedy generate() on the device against the CPU: the scores of every step and the tokens."""
+    """greedy generate() on the device against the CPU: the scores of every step and the tokens. One model, used on
+    the CPU and then moved, as a pipeline moves it (what it kept from the CPU must not be read on the device)."""
     prompt = make_prompt(config["vocab_size"], 2, prompt_len, seed=1)
     kwargs = dict(max_new_tokens=new_tokens, do_sample=False, output_scores=True, return_dict_in_generate=True)
     kwargs.update(pad_token_id=0)
-    cpu = build_transfoxl(config, mem_len=prompt_len, seed=0).generate(prompt, **kwargs)
-    model = build_transfoxl(config, mem_len=prompt_len, seed=0).to(device)
-    gpu = model.generate(prompt.to(device), **kwargs)
+    model = build_transfoxl(config, mem_len=prompt_len, seed=0)
+    cpu = model.generate(prompt, **kwargs)
+    gpu = model.to(device).generate(prompt.to(device), **kwargs)
     same = int((gpu.sequences.cpu() == cpu.sequences).all(dim=0).sum()) - prompt_len
     first_steps = min(len(cpu.scores), len(gpu.scores))
     # Until the first differing token both decode the same stream: their scores must agree there.
@@ -128,6 +130,36 @@ def check_training_gradients(config: dict, device: torch.device, q_len: int) -> 
             raise AssertionError(f"{implementation}: gradients of {sorted(grads.keys() ^ expected.keys())} differ")
         result[implementation] = max(relative_difference(grads[name], expected[name]) for name in expected)
     result["passed"] = max(result.values()) < 1e-3
+    return result
+
+
+def check_checkpointing(config: dict, device: torch.device, q_len: int) -> dict:
+    """A training step with dropout (SDPA's attention dropout too) and gradient checkpointing, reentrant and not:
+    the gradients of the same seed without checkpointing (a recomputed layer draws the masks its first forward
+    drew), far nearer to them than a step with other masks."""
+    tokens = make_prompt(config["vocab_size"], 2, 2 * q_len, seed=14).to(device)
+
+    def gradients(checkpointing: dict | None, seed: int) -> dict[str, torch.Tensor]:
+        model = build_with(dict(config, dropout=0.1, dropatt=0.1), "sdpa", q_len, device).train()
+        if checkpointing is not None:
+            model.activation_checkpointing_enable(checkpointing)
+        torch.manual_seed(seed)
+        memory = model(tokens[:, :q_len], use_cache=True).past_key_values
+        model(tokens[:, q_len:], labels=tokens[:, q_len:], past_key_values=memory).loss.backward()
+        return {name: p.grad.detach().float().cpu() for name, p in model.named_parameters() if p.grad is not None}
+
+    def farthest(grads: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+        if grads.keys() != expected.keys():
+            raise AssertionError(f"gradients of {sorted(grads.keys() ^ expected.keys())} differ")
+        return max(relative_difference(grads[name], expected[name]) for name in expected)
+
+    expected = gradients(None, seed=0)
+    result = {
+        "reentrant": farthest(gradients({"use_reentrant": True}, seed=0), expected),
+        "non_reentrant": farthest(gradients({"use_reentrant": False}, seed=0), expected),
+        "other_masks": farthest(gradients(None, seed=1), expected),
+    }
+    result["passed"] = max(result["reentrant"], result["non_reentrant"]) < min(1e-3, result["other_masks"] / 100)
     return result
 
 
@@ -447,6 +479,7 @@ def run(args: argparse.Namespace) -> dict:
         "logits_vs_cpu": lambda: check_logits(mid, device, q_len),
         "greedy_vs_cpu": lambda: check_greedy(mid, device, q_len, 16 if not args.quick else 4),
         "training_gradients": lambda: check_training_gradients(mid, device, q_len),
+        "checkpointing_dropout": lambda: check_checkpointing(mid, device, q_len),
         "autocast_bf16": lambda: check_autocast(mid, device, q_len, torch.bfloat16),
         "autocast_fp16": lambda: check_autocast(mid, device, q_len, torch.float16),
         "bf16_weights": lambda: check_bf16_weights(mid, device, q_len),

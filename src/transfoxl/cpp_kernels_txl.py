@@ -48,6 +48,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -1607,7 +1608,7 @@ def _compile_flags(capability: str) -> tuple[str, ...]:
     vector_flags = ["-mavx2", "-mfma"] + (["-mavx512f", "-mavx512vl", "-mavx512dq"] if capability == "AVX512" else [])
     return (
         "-O3",
-        "-std=c++20",
+        f"-std={_cxx_standard()}",
         "-shared",
         "-fPIC",
         "-fopenmp",
@@ -1616,6 +1617,14 @@ def _compile_flags(capability: str) -> tuple[str, ...]:
         *(f"-isystem{path}" for path in include_paths),
         f"-L{torch_folder / 'lib'}",
     )
+
+
+def _cxx_standard() -> str:
+    """The C++ standard torch was built with, as its own extension builder chooses (c++17 for torch 2.11, c++20 for
+    2.13): a library built to another one than torch's headers were can crash where an error is thrown through them
+    (seen on a GPU machine's image: torch 2.11 and GCC 13.3 with -std=c++20). The source is C++17."""
+    found = re.search(r"C\+\+ Version: (\d{4})", torch.__config__.show())
+    return "c++20" if found and int(found.group(1)) >= 2020 else "c++17"
 
 
 def _compile_command(source: Path, library: Path, namespace: str) -> list[str]:

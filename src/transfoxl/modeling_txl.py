@@ -492,8 +492,17 @@ class TxlRelativeAttention(nn.Module):
     def check_kept_position_table(self) -> None:
         """Drop the kept projected position table if its weight's values changed without a new version (an edit
         through `.data`, PEFT's merge_and_unload): the model asks where a new stream starts, not at every token."""
-        kept = self._position_table
-        if kept is not None and not torch.equal(_weight_sample(self.pos_proj.weight), kept[3]):
+        kept, weight = self._position_table, self.pos_proj.weight
+        if kept is None:
+            return
+        # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
+        # cannot be compared with the kept one.)
+        sample = kept[3]
+        if (
+            sample.device != weight.device
+            or sample.dtype != weight.dtype
+            or not torch.equal(_weight_sample(weight), sample)
+        ):
             self._position_table = None
 
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
