@@ -470,9 +470,9 @@ GENERATE_CASES = [
     case(
         "generate",
         "v4 mems tuple as past_key_values",
-        "ValueError (transformers): use a Cache",
-        ValueError,
-        "Passing a tuple of `past_key_values` is not supported anymore",
+        "TypeError: a TxlMemory expected, convert v4 mems with TxlMemory.from_legacy",
+        TypeError,
+        r"past_key_values must be a TxlMemory .* got tuple\. Convert v4 `mems` with TxlMemory\.from_legacy",
         lambda lm: lm.generate(ids(), past_key_values=(torch.zeros(1),), **TWO_GREEDY_TOKENS),
         "memory-tuple",
     ),

@@ -238,7 +238,7 @@ def test_model_card_metadata_and_model_index_match_metrics(run_dir, hub_folder):
 
 def test_model_card_names_the_transformers_versions_its_code_needs(run_dir):
     """The card's code runs on the reader's transformers: it says which versions, as this package's metadata does
-    (5.24 renamed generate()'s cache argument, and a Hub user's plain `pip install transformers` gets the newest)."""
+    (a Hub user's plain `pip install transformers` gets the newest, which the code may not know)."""
     requirement = model_card.transformers_requirement()
     assert requirement is not None and requirement.startswith(">=")
     packaged = [line for line in importlib.metadata.requires("transfoxl") if line.startswith("transformers")]

@@ -13,7 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from tests.utils import tiny_config, tiny_lm
-from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream, modeling_txl
+from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream
 from transfoxl.evaluation import evaluate_stream
 
 
@@ -372,17 +372,30 @@ def test_continuation_idiom_with_inputs_embeds_equals_one_longer_call(mem_len):
     assert memory.embeddings_already_seen(other) == 0
 
 
-def test_generate_from_a_memory_on_a_transformers_that_renamed_the_cache_says_so(monkeypatch):
-    """transformers 5.24 passes the cache as `cache=`, which the model's code does not follow yet: generate() from a
-    memory failed deep in transformers ("model_kwargs are not used by the model: ['cache']")."""
-    monkeypatch.setattr(modeling_txl, "_GENERATE_TAKES_CACHE", True)
+def test_the_memory_is_taken_by_either_name_of_the_cache_argument():
+    """transformers 5.24 renamed the cache argument `cache` (`past_key_values` deprecated): generate() passes the
+    memory to the model by the installed version's name, and callers may use either, in generate() and in forward;
+    both at once is refused. (Before, generate() from a memory failed on 5.24: "model_kwargs are not used by the
+    model: ['cache']".)"""
     model = tiny_lm()
-    with torch.no_grad():
-        memory = model(random_ids(1, 4)).past_key_values
+    prompt, follow = random_ids(1, 4), random_ids(1, 3, seed=1)
+    results = {}
     for name in ("past_key_values", "cache"):
-        with pytest.raises(ValueError, match=r"generate\(\) from a memory needs transformers < 5.24"):
-            model.generate(random_ids(1, 1), max_new_tokens=2, **{name: memory})
-    assert model.generate(random_ids(1, 4), max_new_tokens=2).shape == (1, 6)  # (without a memory: as before)
+        with torch.no_grad():
+            memory = model(prompt).past_key_values
+            logits = model(follow, **{name: memory}).logits
+            memory = model(prompt).past_key_values
+            generated = model.generate(follow, max_new_tokens=3, do_sample=False, **{name: memory})
+        results[name] = (logits, generated)
+    torch.testing.assert_close(results["cache"][0], results["past_key_values"][0], rtol=0, atol=0)
+    assert torch.equal(results["cache"][1], results["past_key_values"][1])
+    with torch.no_grad():
+        memory = model(prompt).past_key_values
+        expected = model(torch.cat([prompt, follow], 1)).logits[:, -3:]
+    torch.testing.assert_close(results["cache"][0], expected, rtol=0, atol=1e-5)
+    for call in (model, model.generate):
+        with pytest.raises(TypeError, match="Pass the memory once"):
+            call(follow, past_key_values=memory, cache=memory)
 
 
 def test_being_another_models_assistant_is_refused():

@@ -110,7 +110,7 @@ class TxlConfig(PreTrainedConfig):
     model_type = "txl"
     # Trainer's evaluation hands every other output to `compute_metrics` as predictions: the memory and the
     # per-token losses are not predictions (logits are).
-    keys_to_ignore_at_inference = ["past_key_values", "losses"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache", "losses"]  # (the memory's name before and since 5.24)
     attribute_map = {
         "n_token": "vocab_size",
         "hidden_size": "d_model",

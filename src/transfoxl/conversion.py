@@ -59,7 +59,7 @@ from .checkpoints import (
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .files import folder_problem, fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
 from .model_card import CONVERSION_RECORD, card_for_conversion, conversion_record, declared_license
-from .modeling_txl import TxlForCausalLM
+from .modeling_txl import TxlForCausalLM, _memory_of
 from .tokenization import LegacyVocabError, save_atomically, tokenizer_from_legacy_vocab
 from .tokenization.legacy_vocab import find_legacy_vocab_file
 
@@ -303,7 +303,7 @@ def verify(source: Path, converted: Path, *, segments: int, seed: int = VERIFY_S
         ids = torch.randint(0, model.config.vocab_size, (VERIFY_BATCH, VERIFY_LENGTH), generator=generator)
         expected = legacy(ids, past_key_values=legacy_memory)
         actual = model(ids, past_key_values=memory)
-        legacy_memory, memory = expected.past_key_values, actual.past_key_values
+        legacy_memory, memory = _memory_of(expected), _memory_of(actual)
         logprob_diff = max(logprob_diff, _max_abs_diff(actual.logits, expected.logits))
         for layer, expected_layer in zip(memory.to_legacy() or [], legacy_memory.to_legacy() or [], strict=True):
             memory_diff = max(memory_diff, _max_abs_diff(layer, expected_layer))

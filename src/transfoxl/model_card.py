@@ -275,14 +275,14 @@ def training_values(
 
 def transformers_requirement() -> str | None:
     """The transformers versions this package's code (which a published folder carries) works with, as its
-    installed metadata says (`">=5.23,<5.24"`), or None where that cannot be read."""
+    installed metadata says (`">=5.23,<5.25"`), or None where that cannot be read."""
     try:
         requirements = importlib.metadata.requires("transfoxl") or []
     except importlib.metadata.PackageNotFoundError:
         return None
     for requirement in requirements:
         found = re.fullmatch(r"transformers\s*([<>=!~][^;]*)", requirement.strip())
-        if found:  # (lower bound first: ">=5.23,<5.24")
+        if found:  # (lower bound first: ">=5.23,<5.25")
             parts = found.group(1).replace(" ", "").split(",")
             return ",".join(sorted(parts, key=lambda part: not part.startswith(">")))
     return None

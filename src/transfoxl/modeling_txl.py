@@ -384,6 +384,18 @@ def _inference_caches_apply(projection: nn.Module) -> bool:
     return _is_plain_linear(projection) and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
+# transformers 5.24 renamed the cache argument of generate() and of models' forward, and outputs' field, `cache`
+# (`past_key_values` deprecated there, with a warning): the models take both names; generate()'s keyword arguments
+# and the outputs hold the installed version's.
+_GENERATE_TAKES_CACHE = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2]) >= (5, 24)
+_CACHE_KWARG = "cache" if _GENERATE_TAKES_CACHE else "past_key_values"
+
+
+def _memory_of(outputs: transformers.utils.ModelOutput) -> TxlMemory | None:
+    """The memory an output holds, under the installed transformers' name for it."""
+    return getattr(outputs, _CACHE_KWARG)
+
+
 def _memory_kept_on_error(forward):
     """Wraps a model's `forward(input_ids, past_key_values, ...)`: when it raises (an interrupt, an out-of-memory
     error, a label check after the layers ran), the memory passed in is put back as it was before the call
@@ -393,6 +405,10 @@ def _memory_kept_on_error(forward):
 
     @functools.wraps(forward)
     def kept_on_error(self, *args, **kwargs):
+        if "cache" in kwargs:  # transformers 5.24's name for the argument (generate(), its tools)
+            if kwargs.get("past_key_values") is not None or len(args) > 1:
+                raise TypeError("Pass the memory once: as past_key_values or as cache (its transformers 5.24 name).")
+            kwargs["past_key_values"] = kwargs.pop("cache")
         memory = kwargs["past_key_values"] if "past_key_values" in kwargs else args[1] if len(args) > 1 else None
         if memory is None or torch.compiler.is_compiling() or not hasattr(memory, "restore_state"):
             return forward(self, *args, **kwargs)
@@ -1507,15 +1523,11 @@ class TxlModel(TxlPreTrainedModel):
 
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
-            past_key_values=memory if use_cache else None,
+            **{_CACHE_KWARG: memory if use_cache else None},
             hidden_states=(*layer_inputs, hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
         return output if return_dict else output.to_tuple()
-
-
-# transformers 5.24 passes the cache to generate() and the model as `cache=` (`past_key_values` deprecated there)
-_GENERATE_TAKES_CACHE = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2]) >= (5, 24)
 
 
 class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
@@ -1656,7 +1668,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         output = TxlCausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{_CACHE_KWARG: _memory_of(outputs)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             losses=losses,
@@ -1691,13 +1703,13 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     # input_ids holds only tokens that are not in the memory yet; the memory passed in is updated in place and, after
     # generate() returns, holds everything except the last generated token.
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = self.transformer.empty_memory()
+        if model_kwargs.get(_CACHE_KWARG) is None and generation_config.use_cache is not False:
+            model_kwargs[_CACHE_KWARG] = self.transformer.empty_memory()
         else:
             super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def _prefill(self, input_ids, generation_config, model_kwargs: dict, is_first_iteration: bool = True):
-        memory = model_kwargs.get("past_key_values")
+        memory = model_kwargs.get(_CACHE_KWARG)
         if generation_config.prefill_chunk_size is None or memory is None or memory.get_seq_length() == 0:
             return super()._prefill(input_ids, generation_config, model_kwargs, is_first_iteration)
         # transformers' chunked prefill skips get_seq_length() tokens of input_ids, taking them for tokens already
@@ -1710,14 +1722,14 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         outputs = None
         for start in range(0, input_ids.shape[1], generation_config.prefill_chunk_size):
             end = start + generation_config.prefill_chunk_size
-            chunk_kwargs = {**model_kwargs, "past_key_values": memory}
+            chunk_kwargs = {**model_kwargs, _CACHE_KWARG: memory}
             if attention_mask is not None:
                 chunk_kwargs["attention_mask"] = attention_mask[:, start:end]
             model_inputs = self.prepare_inputs_for_generation(
                 input_ids[:, start:end], is_first_iteration=is_first_iteration, **chunk_kwargs
             )
             outputs = self(**model_inputs, return_dict=True)
-            memory = outputs.past_key_values
+            memory = _memory_of(outputs)
         return outputs
 
     def prepare_inputs_for_generation(
@@ -1729,8 +1741,10 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         use_cache: bool = True,
         is_first_iteration: bool = False,
         next_sequence_length: int | None = None,
+        cache: TxlMemory | None = None,
         **kwargs,
     ) -> dict:
+        past_key_values = cache if past_key_values is None else past_key_values  # (transformers 5.24's name)
         # The memory length says nothing about how many of input_ids were consumed, so the default slicing (by
         # get_seq_length) is wrong here: the first call feeds every token new to the memory, later calls the newest.
         if not is_first_iteration and use_cache and past_key_values is not None and past_key_values.mem_len > 0:
@@ -1773,11 +1787,15 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
         check_generation_settings(setting, self.config.vocab_size)
-        if _GENERATE_TAKES_CACHE and (kwargs.get("past_key_values") is not None or kwargs.get("cache") is not None):
-            raise ValueError(
-                f"generate() from a memory needs transformers < 5.24 (installed: {transformers.__version__}): 5.24 "
-                "renamed generate()'s cache argument, which this model's code does not follow yet. Install "
-                '"transformers>=5.23,<5.24", or continue the stream with forward calls.'
+        other = "past_key_values" if _CACHE_KWARG == "cache" else "cache"
+        if other in kwargs:  # either name, whichever transformers is installed
+            if kwargs.get(_CACHE_KWARG) is not None:
+                raise TypeError("Pass the memory once: as past_key_values or as cache (its transformers 5.24 name).")
+            kwargs[_CACHE_KWARG] = kwargs.pop(other)
+        if (memory := kwargs.get(_CACHE_KWARG)) is not None and not is_txl_memory(memory):
+            raise TypeError(  # (before transformers, whose message names its own argument, 5.23's or 5.24's)
+                "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
+                f"{type(memory).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
             )
         return super().generate(inputs, *args, **kwargs)
 
@@ -1864,7 +1882,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         output = SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
+            **{_CACHE_KWARG: _memory_of(outputs)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -106,7 +106,7 @@ class TxlStream:
         settings = generate_kwargs.get("generation_config") or self.model.generation_config
         if generate_kwargs.get("num_return_sequences", getattr(settings, "num_return_sequences", 1) or 1) != 1:
             raise ValueError("TxlStream.generate returns one continuation per stream: num_return_sequences must be 1.")
-        for name in ("input_ids", "past_key_values", "attention_mask"):
+        for name in ("input_ids", "past_key_values", "cache", "attention_mask"):
             if name in generate_kwargs:
                 raise ValueError(f"TxlStream.generate manages `{name}` itself; pass the prompt as `prompt`.")
         in_place = generate_kwargs.get("num_beams", getattr(settings, "num_beams", 1) or 1) == 1
