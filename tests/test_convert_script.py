@@ -617,6 +617,30 @@ def test_verification_mismatch_fails_and_writes_nothing(tmp_path: Path, monkeypa
     assert sorted(os.listdir(tmp_path)) == ["src"]  # neither OUT nor the staging folder
 
 
+def test_what_killed_conversions_left_is_cleared_or_named(tmp_path: Path, capsys) -> None:
+    """A conversion killed outright (SIGKILL: no `finally`) left its staging folder, a whole model, hidden beside OUT,
+    and each retry another. A later conversion into OUT removes those of processes that no longer run; one of a
+    running process, or of a name without a process id, is left alone; an OUT moved aside for --overwrite whose
+    process died is kept and named (it holds the earlier conversion)."""
+    source = legacy_folder(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(finished.stdout)  # (a process that has exited: its id names no process, bar a rare reuse)
+    leftovers = {
+        "dead": tmp_path / f".out.converting-{dead}-0a1b2c3d",
+        "alive": tmp_path / f".out.converting-{os.getpid()}-0a1b2c3d",
+        "unnamed": tmp_path / ".out.converting-0a1b2c3d",
+        "replaced": tmp_path / f".out.replaced-{dead}-0a1b2c3d",
+        "other": tmp_path / f".other.converting-{dead}-0a1b2c3d",
+    }
+    for folder in leftovers.values():
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"partial")
+    assert convert.main([str(source), str(tmp_path / "out"), "--no-verify"]) == 0
+    assert not leftovers["dead"].exists()
+    assert all(leftovers[name].exists() for name in ("alive", "unnamed", "replaced", "other"))
+    assert f"note: {leftovers['replaced']} holds what {tmp_path / 'out'} held before" in capsys.readouterr().out
+
+
 def test_overwrite_replaces_the_folder_and_memory_init_empty(tmp_path: Path, capsys) -> None:
     source = legacy_folder(tmp_path)
     out = tmp_path / "out"

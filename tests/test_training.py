@@ -534,6 +534,41 @@ def test_event_hooks_are_called_at_every_named_point_in_order(text_files, tmp_pa
     assert events == ["step:1", "step:2", *checkpoint, "trained:2", "saved:2"]
 
 
+def test_ctrl_c_says_how_to_go_on_and_the_command_it_names_does(text_files, tmp_path, monkeypatch, capsys):
+    """An interrupt (Ctrl-C) printed a raw traceback. It now exits 130 with one line naming what to run: before
+    training, the same command (a new run's files were taken back); during it, the command with --resume, from the
+    last complete checkpoint."""
+    out = tmp_path / "run"
+    argv = [*data_options(text_files), "--preset", "tiny", "--output-dir", str(out), "--no-progress"]
+    argv += ["--steps", "4", "--checkpoint-every", "2", "--sample-len", "0", "--max-eval-tokens", "256"]
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "load_data", interrupt)
+        with pytest.raises(SystemExit) as stop:
+            train_cli.main(argv)
+    assert stop.value.code == 130
+    assert "interrupted before training began; run the same command again" in capsys.readouterr().err
+    assert not out.exists()  # (taken back: the same command runs again)
+
+    def interrupt_at_step_3(point: str, step: int) -> None:
+        if point == "step" and step == 3:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "event_hooks", [interrupt_at_step_3])
+        with pytest.raises(SystemExit) as stop:
+            train_cli.main(argv)
+    assert stop.value.code == 130
+    error = capsys.readouterr().err
+    assert f"run the same command with --resume to continue {out} from step-00000002" in error
+    assert "Traceback" not in error
+    assert train_cli.main([*argv, "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out and (out / "metrics.json").is_file()
+
+
 def test_training_progress_round_trips_through_a_trainer_state():
     progress = training.TrainingProgress(
         step=7,
@@ -648,6 +683,16 @@ def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes
     dashed = ["--model-name-or-path", str(converted_model), "--train-file", str(word_files["train"])]
     dashed += ["--validation-file", str(word_files["validation"]), "--steps", "20", "--batch-size", "8"]
     dashed += ["--lr", "1e-2", "--output-dir", str(resumed), "--resume"]
+    # The base model's config gone (a folder emptied): said by the option's check, not a traceback.
+    config_file = converted_model / "config.json"
+    moved = config_file.rename(converted_model.parent / "config-moved-away.json")
+    try:
+        with pytest.raises(SystemExit) as stop:
+            train_cli.main([*dashed, *common])
+    finally:
+        moved.rename(config_file)
+    assert stop.value.code == 2
+    assert f"--model-name-or-path {converted_model}: expected a saved model" in capsys.readouterr().err
     assert train_cli.main([*dashed, *common]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert (resumed / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()

@@ -23,6 +23,7 @@ conversion.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -366,13 +367,46 @@ def check_apart(source: Path, out: Path) -> None:
         raise ConversionError(f"OUT {out}: contains SOURCE; choose a folder that does not hold the checkpoint")
 
 
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process whose id a staging folder's name holds (`.OUT.converting-PID-TOKEN`) still runs; True
+    where the name holds none (an older version's) or the id cannot be checked: such a folder is left alone."""
+    found = re.fullmatch(r"\.(?:.*)\.(?:converting|replaced)-(\d+)-[0-9a-f]+", folder.name)
+    if found is None:
+        return True
+    try:
+        os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # another user's process (PermissionError), an id out of range
+        return True
+    return True
+
+
+def clear_leftovers(out: Path) -> list[str]:
+    """Remove what conversions into OUT that were killed (SIGKILL, a power cut) left beside it: their staging folders
+    (a whole model each). An OUT moved aside for --overwrite whose process died before the new one was moved in is
+    kept, and named in the returned notes (it holds the earlier conversion)."""
+    notes = []
+    for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.*-*")):
+        if not path.is_dir() or path.is_symlink() or _owner_alive(path):
+            continue
+        if ".converting-" in path.name:
+            shutil.rmtree(path, ignore_errors=True)
+        elif ".replaced-" in path.name:
+            notes.append(
+                f"note: {path} holds what {out} held before a conversion that was killed while replacing it; "
+                "move it back or delete it"
+            )
+    return notes
+
+
 def move_into_place(staging: Path, out: Path) -> None:
     """Move the complete `staging` folder to `out` by renames; an old `out` is moved aside first, then deleted."""
     fsync_tree(staging)
     previous = None
     if out.is_dir():
         if any(out.iterdir()):  # --overwrite (checked before): keep the old folder until the new one is in place
-            previous = out.parent / f".{out.name}.replaced-{secrets.token_hex(4)}"
+            previous = out.parent / f".{out.name}.replaced-{os.getpid()}-{secrets.token_hex(4)}"
             os.rename(out, previous)
         else:
             out.rmdir()
@@ -417,8 +451,10 @@ def convert(
     parameters = model.num_parameters()
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    leftovers = clear_leftovers(out)
     # Next to OUT (same file system: the final rename is atomic); mkdir gives it the umask's mode, which OUT keeps.
-    staging = out.parent / f".{out.name}.converting-{secrets.token_hex(4)}"
+    # Its name holds this process's id: a later conversion removes it if this one is killed (`clear_leftovers`).
+    staging = out.parent / f".{out.name}.converting-{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
         model.save_pretrained(staging)  # the txl config, generation config, safetensors, and the code files
@@ -458,7 +494,7 @@ def convert(
         move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Result(files, verification, [tokenizer_note])
+    return Result(files, verification, [*leftovers, tokenizer_note])
 
 
 def _model_vocab_size(folder: Path) -> int | None:

@@ -232,10 +232,11 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
 def discarded_if_stopped(run: RunFolder, state: PartialState) -> Iterator[None]:
     """Around the steps before training (data, tokenizer, layouts): if the run stops there (SystemExit), what a new
     run made is taken back (train_args.json, its tokenizer, the folder if it made it and it is empty again), so the
-    same command runs again in the same --output-dir once its input is fixed. A resumed run keeps everything."""
+    same command runs again in the same --output-dir once its input is fixed (or after an interrupt, Ctrl-C). A
+    resumed run keeps everything."""
     try:
         yield
-    except SystemExit:
+    except (SystemExit, KeyboardInterrupt):
         if state.is_main_process:
             run.discard_new_run()
         raise

@@ -28,6 +28,7 @@ import difflib
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
 from ..presets import PRESETS
-from ..runs import TRAIN_ARGS, RunFolderError, read_json_object
+from ..runs import TRAIN_ARGS, RunFolderError, complete_checkpoints, read_json_object
 from .options import add_corpus_options, library_progress_bars, name_argument, path_argument, program_name
 
 DEFAULT_PRESET = "char-small"
@@ -597,6 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace, started: float) -> int:
     state = training.start_processes(args)
+    run = trainer = None
     try:
         run = training.open_run_folder(args, state, option_defaults())
         with training.discarded_if_stopped(run, state):  # a new run stopped by its data leaves nothing behind
@@ -615,7 +617,25 @@ def _train(args: argparse.Namespace, started: float) -> int:
         if isinstance(stop.code, str) and not state.is_main_process:  # every process stops; one says why
             raise SystemExit(1) from None
         raise
+    except KeyboardInterrupt:  # (Ctrl-C: a message, not a traceback; checkpoints are written whole or not at all)
+        if state.is_main_process:
+            print(_interrupted_message(args, run, trainer), file=sys.stderr)
+        raise SystemExit(130) from None
     return 0
+
+
+def _interrupted_message(args: argparse.Namespace, run: training.RunFolder | None, trainer: object | None) -> str:
+    """What an interrupted run left and how to go on."""
+    again = "run the same command again" if args.resume else "run the same command with --resume"
+    if run is None or trainer is None:  # (a new run's files were taken back: `discarded_if_stopped`)
+        return "txl-train: interrupted before training began; run the same command again."
+    checkpoints = complete_checkpoints(run.checkpoints_dir)
+    if not checkpoints:
+        return (
+            f"txl-train: interrupted before the first checkpoint (--checkpoint-every {args.checkpoint_every}); "
+            f"{again} to start {run.path} from the beginning."
+        )
+    return f"txl-train: interrupted; {again} to continue {run.path} from {checkpoints[-1].name}."
 
 
 if __name__ == "__main__":
