@@ -716,6 +716,32 @@ def test_a_fine_tuned_run_is_published_with_its_base_model_and_licence(converted
     assert "fine-tuned for 2 steps" in card and str(tmp_path) not in card
 
 
+def test_fine_tuning_with_a_tokenizer_of_other_ids_is_noted(converted_model, word_files, tmp_path, capsys):
+    """`--tokenizer` naming another tokenizer whose ids fit the model was taken silently: each embedding the model
+    learned for one token then served another. A note counts the tokens whose ids differ from the model's own
+    tokenizer's; a copy of the model's own gets none."""
+    common = ["--model-name-or-path", str(converted_model), "--train-file", str(word_files["train"]), "--steps", "1"]
+    common += ["--validation-file", str(word_files["validation"]), "--eval-batch-size", "4", "--batch-size", "8"]
+    common += ["--tgt-len", "8", "--mem-len", "8", "--sample-len", "0", "--no-progress", "--max-eval-tokens", "64"]
+    other = train_word_level(word_files["train"].read_text(encoding="utf-8").splitlines())  # the text's own order
+    other.save_pretrained(tmp_path / "other")
+    own = tmp_path / "own"
+    own.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(converted_model / name, own / name)
+    notes = {}
+    for name in ("other", "own"):
+        argv = [*common, "--tokenizer", str(tmp_path / name), "--output-dir", str(tmp_path / f"run-{name}")]
+        assert train_cli.main(argv) == 0
+        notes[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: --tokenizer")]
+    assert len(notes["other"]) == 1 and notes["own"] == []
+    moved = sum(
+        AutoTokenizer.from_pretrained(converted_model).get_vocab().get(token) != index
+        for token, index in other.get_vocab().items()
+    )
+    assert moved > 0 and f"gives {moved} of its {len(other)} tokens other ids" in notes["other"][0]
+
+
 def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_model, word_files, tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     parse = train_cli.parse_args

