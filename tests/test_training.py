@@ -134,6 +134,18 @@ def test_resume_is_bitwise_exact(text_files, tmp_path):
     assert not half.exists() and not (resumed / ".model.safetensors.x1y2.tmp").exists()  # leftovers removed
 
 
+def test_a_new_run_in_a_folder_of_hidden_user_files_keeps_them(text_files, tmp_path):
+    """A folder holding only hidden entries counts as empty for a new run; the clean-up of what a killed run leaves
+    (`.staging-*` / `.trash-*` folders, `.*.tmp` files) deleted a user's entries of such names there. It now runs in
+    a run's folder only (one with train_args.json: the resume test checks it there)."""
+    out = tmp_path / "mine"
+    (out / ".trash-old").mkdir(parents=True)
+    (out / ".trash-old" / "thesis.tex").write_text("x")
+    (out / ".draft.tmp").write_text("y")
+    run(text_files, out, "--steps", "2", "--sample-len", "0", "--max-eval-tokens", "256")
+    assert (out / ".trash-old" / "thesis.tex").read_text() == "x" and (out / ".draft.tmp").read_text() == "y"
+
+
 def test_resuming_a_finished_run_only_evaluates_it_again(text_files, tmp_path, capsys):
     out = tmp_path / "run"
     options = ["--steps", "6", "--checkpoint-every", "3", "--sample-len", "0"]
@@ -285,6 +297,7 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
         (["--tokenizer", "BPE"], "--tokenizer BPE: expected one of char, word, bpe (did you mean bpe?)"),
         (["--tokenizer", "char", "--lower-case"], "--lower-case applies to --tokenizer word here only: leave it out"),
         (["--tokenizer", "bpe", "--min-freq", "50"], "--min-freq 50 applies to --tokenizer word or char here only"),
+        (["--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size 100: a byte-level BPE needs at least 258"),
         (
             ["--tokenizer", str(Path(THIS_FILE).parent), "--vocab-size", "5"],
             f"--vocab-size 5 applies to a tokenizer trained here only (--tokenizer {Path(THIS_FILE).parent} is loaded",
@@ -523,6 +536,19 @@ def test_training_mostly_on_unknown_tokens_is_warned(text_files, tmp_path, capsy
     assert "A new run can train its own" in printed  # (not a fine-tune: the advice of a new run)
     run(text_files, tmp_path / "own", "--steps", "1", "--sample-len", "0")  # the tiny preset's own tokenizer
     assert "of the training tokens are" not in capsys.readouterr().out
+
+
+def test_an_evaluation_split_mostly_of_unknown_tokens_is_warned(text_files, tmp_path, capsys):
+    """The final table scored a validation text of another script (75% <unk>) without a word."""
+    greek = tmp_path / "greek.txt"
+    greek.write_text("αβγδε ζηθικ λμνξο\n" * 400, encoding="utf-8")
+    argv = ["--train-file", str(text_files["train"]), "--validation-file", str(greek), "--preset", "tiny"]
+    argv += ["--steps", "1", "--sample-len", "0", "--no-progress", "--output-dir", str(tmp_path / "run")]
+    argv += ["--max-eval-tokens", "256"]
+    assert train_cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "% of the validation tokens are <unk>" in printed and "of the training tokens are" not in printed
+    assert "of the test tokens are" not in printed
 
 
 def test_event_hooks_are_called_at_every_named_point_in_order(text_files, tmp_path, monkeypatch):

@@ -196,6 +196,39 @@ def _has_text(dataset: datasets.Dataset) -> bool:
     return any(any(line.strip() for line in batch["text"]) for batch in dataset.iter(batch_size=4096))
 
 
+_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
+_STRUCTURED_FILES = {".json": "json", ".jsonl": "json", ".csv": "csv"}  # read by their "text" column
+
+
+def _file_builder(data_files: Mapping[str, Sequence[str]]) -> str:
+    """datasets' builder for the files: "json" (.json, .jsonl) or "csv" (.csv), whose rows' "text" field is the
+    text, as transformers' run_clm examples read them; "text" (one row per line) for any other name. A compression
+    suffix is looked through. Files of two kinds are refused."""
+    kinds = {}
+    for paths in data_files.values():
+        for path in paths:
+            suffixes = [suffix.lower() for suffix in Path(path).suffixes]
+            if suffixes and suffixes[-1] in _COMPRESSIONS:
+                suffixes.pop()
+            kinds[path] = _STRUCTURED_FILES.get(suffixes[-1] if suffixes else "", "text")
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{path} ({kind})" for path, kind in kinds.items())
+        raise ValueError(f"text_files mixes kinds of file: {listed}; give plain text, JSON Lines or CSV files alone.")
+    return next(iter(kinds.values()))
+
+
+def _files_version(data_files: Mapping[str, Sequence[str]]) -> str:
+    """A name for the files' current versions: their paths, sizes, inodes and modification and status-change times
+    (the last changes with every write or copy, and cannot be set back)."""
+    parts = []
+    for split, paths in sorted(data_files.items()):
+        for path in paths:
+            status = os.stat(path)
+            parts.append(f"{split}\0{os.path.abspath(path)}\0{status.st_size}\0{status.st_ino}")
+            parts.append(f"{status.st_mtime_ns}\0{status.st_ctime_ns}")
+    return "files-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 def load_corpus(
     text_files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any] | None = None,
     dataset_name: str | None = None,
@@ -208,8 +241,9 @@ def load_corpus(
 
     Exactly one source, or none:
 
-    - `text_files`: local plain-text files, one row per line (`load_dataset("text")`, blank lines kept as `""`). A
-      mapping `{split: path or list of paths}`, or a path / list of paths for "train" alone.
+    - `text_files`: local plain-text files, one row per line (`load_dataset("text")`, blank lines kept as `""`); or
+      `.json` / `.jsonl` / `.csv` files, one row per record, whose "text" field is read (as transformers' run_clm
+      examples read them). A mapping `{split: path or list of paths}`, or a path / list of paths for "train" alone.
     - `dataset_name` (+ `dataset_config`): a dataset of the Hub, e.g. `("Salesforce/wikitext", "wikitext-103-raw-v1")`;
       needs the network the first time (then the datasets cache). It must have a "train" split and a "text" column.
     - neither: `builtin_corpus(cache_dir)`, no network needed.
@@ -242,8 +276,14 @@ def load_corpus(
                     f"text_files: split {split!r} is empty: {[str(path) for path in paths]} hold no text."
                 )
             data_files[split] = [str(path) for path in paths]
+        builder = _file_builder(data_files)
         try:
-            corpus = datasets.load_dataset("text", data_files=data_files, cache_dir=cache)
+            # datasets tells a local file's versions by its modification time alone: a file replaced by a copy that
+            # kept the old one's (cp -p, rsync -a, tar) was read from the cache, the old text. The config name
+            # carries what else changes with the content (size, inode, status-change time), so a new build is made.
+            corpus = datasets.load_dataset(
+                builder, name=_files_version(data_files), data_files=data_files, cache_dir=cache
+            )
         except datasets.exceptions.DatasetGenerationError as error:
             # datasets wraps the cause (a UnicodeDecodeError: bytes that are not UTF-8) in a message without it.
             cause = error.__cause__ if error.__cause__ is not None else error
@@ -263,6 +303,11 @@ def load_corpus(
     for split, dataset in corpus.items():
         if "text" not in dataset.column_names:
             raise ValueError(f"{source}: split {split!r} has no 'text' column (columns: {dataset.column_names}).")
+        feature = dataset.features["text"]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            raise ValueError(f"{source}: split {split!r}: the 'text' column holds {feature}, not strings.")
+        if missing := dataset.data.column("text").null_count:
+            raise ValueError(f"{source}: split {split!r}: {missing} row(s) of the 'text' column hold null, not text.")
         if dataset.num_rows == 0:
             raise ValueError(f"{source}: split {split!r} is empty (0 rows).")
         if not _has_text(dataset):
@@ -281,6 +326,13 @@ def load_corpus(
         train = corpus["train"]
         corpus["train"] = train.select(range(rows - n_valid))
         corpus["validation"] = train.select(range(rows - n_valid, rows))
+        for split in ("train", "validation"):  # (text before the cut, blank lines after it, or the other way)
+            if not _has_text(corpus[split]):
+                raise ValueError(
+                    f"{source}: the {split} rows cut at validation_fraction {validation_fraction} hold only blank "
+                    f"lines ({corpus[split].num_rows} rows); pass a validation file (scripts: --validation-file) "
+                    "or another --validation-fraction."
+                )
     return corpus
 
 

@@ -221,7 +221,10 @@ def open_run_folder(args: argparse.Namespace, state: PartialState, option_defaul
     run.new_run, run.made_folder = not run.has_train_args(), not run.path.exists()  # (for `discarded_if_stopped`)
     if state.is_main_process:
         run.path.mkdir(parents=True, exist_ok=True)
-        run.remove_leftovers()
+        # Only in a run's folder: a new run's may be a user's with hidden entries (it counts as empty), whose names
+        # are not this package's to judge.
+        if run.has_train_args():
+            run.remove_leftovers()
         if not run.has_train_args():
             run.write_train_args(saved_args(args))
     state.wait_for_everyone()
@@ -346,6 +349,15 @@ def load_data(
             "vocabulary): the model would mostly learn to predict it. Is the text the kind the tokenizer was made "
             f"for? {advice}"
         )
+    for split in ("validation", "test"):  # (scored at the end: a score of mostly <unk> says little)
+        if split in streams and state.is_main_process:
+            share = unknown_share(streams[split], tokenizer)
+            if share > UNKNOWN_SHARE_WARNING:
+                print(
+                    f"WARNING: {share:.1%} of the {split} tokens are {tokenizer.unk_token} (text outside the "
+                    f"tokenizer's vocabulary): its scores will mostly measure how well the model predicts "
+                    f"{tokenizer.unk_token}. Is the {split} text the kind the training text is?"
+                )
     return tokenizer, streams
 
 

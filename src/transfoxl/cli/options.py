@@ -12,7 +12,7 @@ from typing import Any
 
 DEFAULT_VALIDATION_FRACTION = 0.05  # transfoxl.data.load_corpus's default
 SPLIT_FILE_HELP = {
-    "train": "plain-text training file(s), one row per line",
+    "train": "training file(s): plain text, one row per line; .json/.jsonl/.csv: each record's text field",
     "validation": "plain-text validation file(s)",
     "test": "plain-text test file(s)",
 }

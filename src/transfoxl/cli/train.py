@@ -116,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         "saved tokenizer",
     )
     tok.add_argument(
-        "--vocab-size", type=int, default=None, help="bpe: vocabulary size (8000); word, char: maximum size"
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="bpe: vocabulary size, the 256 bytes and the specials included (8000); word, char: at most this many "
+        "words / characters, besides <unk>, <eos> (and char's newline)",
     )
     tok.add_argument("--min-freq", type=int, default=1, help="word / char: minimum count of a token")
     tok.add_argument("--lower-case", action="store_true", help="word: lower-case the text")
@@ -487,6 +491,9 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--resume needs the --output-dir of the run to continue")
 
 
+# A byte-level BPE's smallest vocabulary: its 256 bytes and build_tokenizer's specials (<eos>, <pad>).
+BPE_MIN_VOCAB_SIZE = 256 + 2
+
 # The tokenizer kinds each training option of a tokenizer applies to (transfoxl.training.build_tokenizer).
 TOKENIZER_OPTION_KINDS = {"lower_case": ("word",), "min_freq": ("word", "char"), "vocab_size": TOKENIZER_KINDS}
 
@@ -500,6 +507,11 @@ def check_tokenizer_options(parser: argparse.ArgumentParser, args: argparse.Name
             which = f"--tokenizer {' or '.join(kinds)}" if args.tokenizer in TOKENIZER_KINDS else "a tokenizer trained"
             loaded = "" if args.tokenizer in TOKENIZER_KINDS else f" (--tokenizer {args.tokenizer} is loaded as saved)"
             parser.error(f"{spelled(name, value)} applies to {which} here only{loaded}: leave it out")
+    if args.tokenizer == "bpe" and args.vocab_size is not None and args.vocab_size < BPE_MIN_VOCAB_SIZE:
+        parser.error(
+            f"--vocab-size {args.vocab_size}: a byte-level BPE needs at least {BPE_MIN_VOCAB_SIZE} (its 256 bytes "
+            "and its special tokens)"
+        )
 
 
 def spelled(option: str, value: Any) -> str:
