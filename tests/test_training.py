@@ -872,6 +872,7 @@ def test_a_tokenizer_id_that_loads_nothing_is_named_as_the_tokenizer(word_files,
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     options = ["--preset", "tiny", "--tokenizer", "someorg/no-such-tokenizer", "--no-progress"]
     options += ["--train-file", str(word_files["train"]), "--output-dir", str(tmp_path / "run")]
+    options += ["--validation-file", str(word_files["validation"])]  # (the training text ends with blank lines)
     with pytest.raises(
         SystemExit, match=r"^--tokenizer someorg/no-such-tokenizer: not one of char, word, bpe, and no"
     ):
@@ -882,5 +883,6 @@ def test_fine_tuning_refuses_a_tokenizer_larger_than_the_model(converted_model, 
     larger = ROOT / "tests" / "fixtures" / "tokenizer" / "v4_folder"  # 111 symbols; the model has 100 ids
     options = ["--model-name-or-path", str(converted_model), "--tokenizer", str(larger), "--sample-len", "0"]
     options += ["--train-file", str(word_files["train"]), "--output-dir", str(tmp_path / "run"), "--no-progress"]
+    options += ["--validation-file", str(word_files["validation"])]  # (the training text ends with blank lines)
     with pytest.raises(SystemExit, match=r"has 111 tokens, but --model-name-or-path .* only 100 ids \(vocab_size\)"):
         train_cli.main(options)
