@@ -396,6 +396,7 @@ def test_the_memory_is_taken_by_either_name_of_the_cache_argument():
     for call in (model, model.generate):
         with pytest.raises(TypeError, match="Pass the memory once"):
             call(follow, past_key_values=memory, cache=memory)
+        call(follow, past_key_values=memory, cache=None)  # (an unset one of the two names is no second memory)
 
 
 def test_being_another_models_assistant_is_refused():

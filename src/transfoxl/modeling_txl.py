@@ -405,10 +405,10 @@ def _memory_kept_on_error(forward):
 
     @functools.wraps(forward)
     def kept_on_error(self, *args, **kwargs):
-        if "cache" in kwargs:  # transformers 5.24's name for the argument (generate(), its tools)
-            if kwargs.get("past_key_values") is not None or len(args) > 1:
+        if (cache := kwargs.pop("cache", None)) is not None:  # transformers 5.24's name (generate(), its tools)
+            if kwargs.get("past_key_values") is not None or (len(args) > 1 and args[1] is not None):
                 raise TypeError("Pass the memory once: as past_key_values or as cache (its transformers 5.24 name).")
-            kwargs["past_key_values"] = kwargs.pop("cache")
+            kwargs["past_key_values"] = cache
         memory = kwargs["past_key_values"] if "past_key_values" in kwargs else args[1] if len(args) > 1 else None
         if memory is None or torch.compiler.is_compiling() or not hasattr(memory, "restore_state"):
             return forward(self, *args, **kwargs)
@@ -1788,10 +1788,10 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
 
         check_generation_settings(setting, self.config.vocab_size)
         other = "past_key_values" if _CACHE_KWARG == "cache" else "cache"
-        if other in kwargs:  # either name, whichever transformers is installed
+        if (memory := kwargs.pop(other, None)) is not None:  # either name, whichever transformers is installed
             if kwargs.get(_CACHE_KWARG) is not None:
                 raise TypeError("Pass the memory once: as past_key_values or as cache (its transformers 5.24 name).")
-            kwargs[_CACHE_KWARG] = kwargs.pop(other)
+            kwargs[_CACHE_KWARG] = memory
         if (memory := kwargs.get(_CACHE_KWARG)) is not None and not is_txl_memory(memory):
             raise TypeError(  # (before transformers, whose message names its own argument, 5.23's or 5.24's)
                 "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
