@@ -396,6 +396,18 @@ def _memory_of(outputs: transformers.utils.ModelOutput) -> TxlMemory | None:
     return getattr(outputs, _CACHE_KWARG)
 
 
+def _check_memory_type(memory: object) -> None:
+    """A memory passed by the caller is a TxlMemory (or None)."""
+    if memory is not None and not is_txl_memory(memory):
+        raise TypeError(
+            "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
+            f"{type(memory).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
+        )
+
+
+_SECOND_MEMORY = "Pass the memory once: as past_key_values or as cache (its transformers 5.24 name)."
+
+
 def _memory_kept_on_error(forward):
     """Wraps a model's `forward(input_ids, past_key_values, ...)`: when it raises (an interrupt, an out-of-memory
     error, a label check after the layers ran), the memory passed in is put back as it was before the call
@@ -407,7 +419,7 @@ def _memory_kept_on_error(forward):
     def kept_on_error(self, *args, **kwargs):
         if (cache := kwargs.pop("cache", None)) is not None:  # transformers 5.24's name (generate(), its tools)
             if kwargs.get("past_key_values") is not None or (len(args) > 1 and args[1] is not None):
-                raise TypeError("Pass the memory once: as past_key_values or as cache (its transformers 5.24 name).")
+                raise TypeError(_SECOND_MEMORY)
             kwargs["past_key_values"] = cache
         memory = kwargs["past_key_values"] if "past_key_values" in kwargs else args[1] if len(args) > 1 else None
         if memory is None or torch.compiler.is_compiling() or not hasattr(memory, "restore_state"):
@@ -1290,11 +1302,7 @@ class TxlModel(TxlPreTrainedModel):
         self, past_key_values: Cache | None, batch: int, hidden_states: torch.Tensor, use_cache: bool
     ) -> TxlMemory | None:
         """The memory to attend to (and update, with use_cache); zero-filled first if `memory_init == "zeros"`."""
-        if past_key_values is not None and not is_txl_memory(past_key_values):
-            raise TypeError(
-                "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
-                f"{type(past_key_values).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
-            )
+        _check_memory_type(past_key_values)
         memory = past_key_values
         if memory is None and (use_cache or self.config.memory_init == "zeros"):
             memory = self.empty_memory()
@@ -1790,13 +1798,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         other = "past_key_values" if _CACHE_KWARG == "cache" else "cache"
         if (memory := kwargs.pop(other, None)) is not None:  # either name, whichever transformers is installed
             if kwargs.get(_CACHE_KWARG) is not None:
-                raise TypeError("Pass the memory once: as past_key_values or as cache (its transformers 5.24 name).")
+                raise TypeError(_SECOND_MEMORY)
             kwargs[_CACHE_KWARG] = memory
-        if (memory := kwargs.get(_CACHE_KWARG)) is not None and not is_txl_memory(memory):
-            raise TypeError(  # (before transformers, whose message names its own argument, 5.23's or 5.24's)
-                "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
-                f"{type(memory).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
-            )
+        _check_memory_type(kwargs.get(_CACHE_KWARG))  # (before transformers, whose message names 5.23's or 5.24's)
         return super().generate(inputs, *args, **kwargs)
 
 
