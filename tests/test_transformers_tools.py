@@ -397,6 +397,9 @@ def test_the_memory_is_taken_by_either_name_of_the_cache_argument():
         with pytest.raises(TypeError, match="Pass the memory once"):
             call(follow, past_key_values=memory, cache=memory)
         call(follow, past_key_values=memory, cache=None)  # (an unset one of the two names is no second memory)
+        for name in ("past_key_values", "cache"):  # a wrong memory: the error names the argument the caller used
+            with pytest.raises(TypeError, match=rf"^{name} must be a TxlMemory .* got tuple"):
+                call(follow, **{name: (torch.zeros(1),)})
 
 
 def test_being_another_models_assistant_is_refused():

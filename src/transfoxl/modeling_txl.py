@@ -396,11 +396,11 @@ def _memory_of(outputs: transformers.utils.ModelOutput) -> TxlMemory | None:
     return getattr(outputs, _CACHE_KWARG)
 
 
-def _check_memory_type(memory: object) -> None:
-    """A memory passed by the caller is a TxlMemory (or None)."""
+def _check_memory_type(memory: object, argument: str = "past_key_values") -> None:
+    """A memory passed by the caller as `argument` is a TxlMemory (or None)."""
     if memory is not None and not is_txl_memory(memory):
         raise TypeError(
-            "past_key_values must be a TxlMemory (the memory returned by a previous call), got "
+            f"{argument} must be a TxlMemory (the memory returned by a previous call), got "
             f"{type(memory).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
         )
 
@@ -420,6 +420,7 @@ def _memory_kept_on_error(forward):
         if (cache := kwargs.pop("cache", None)) is not None:  # transformers 5.24's name (generate(), its tools)
             if kwargs.get("past_key_values") is not None or (len(args) > 1 and args[1] is not None):
                 raise TypeError(_SECOND_MEMORY)
+            _check_memory_type(cache, "cache")
             kwargs["past_key_values"] = cache
         memory = kwargs["past_key_values"] if "past_key_values" in kwargs else args[1] if len(args) > 1 else None
         if memory is None or torch.compiler.is_compiling() or not hasattr(memory, "restore_state"):
@@ -1799,8 +1800,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         if (memory := kwargs.pop(other, None)) is not None:  # either name, whichever transformers is installed
             if kwargs.get(_CACHE_KWARG) is not None:
                 raise TypeError(_SECOND_MEMORY)
+            _check_memory_type(memory, other)
             kwargs[_CACHE_KWARG] = memory
-        _check_memory_type(kwargs.get(_CACHE_KWARG))  # (before transformers, whose message names 5.23's or 5.24's)
+        _check_memory_type(kwargs.get(_CACHE_KWARG), _CACHE_KWARG)  # (before transformers: its message is its own)
         return super().generate(inputs, *args, **kwargs)
 
 
