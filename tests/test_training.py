@@ -421,6 +421,29 @@ def test_resume_with_only_the_output_dir_continues_the_run_as_it_was_started(tex
         train_cli.main(["--output-dir", str(out), "--resume", "--tgt-len", "16", "--no-progress"])
 
 
+def test_resume_with_a_validation_file_added_or_dropped_is_refused_only_where_it_changes_the_training(
+    text_files, tmp_path, capsys
+):
+    """A run without a validation file trained on its training file less the last --validation-fraction: resuming
+    it with one would train on other text, refused naming --validation-file (it was refused as "the training data
+    is not the run's", blaming the training file). Another validation file is free: it is only evaluated, and
+    `--output-dir R --resume --validation-file F` takes the run's own --train-file (it was refused as needing one)."""
+    cut = tmp_path / "cut"
+    argv = ["--train-file", str(text_files["train"]), "--preset", "tiny", "--output-dir", str(cut), "--no-progress"]
+    assert train_cli.main([*argv, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0"]) == 0
+    (cut / "metrics.json").unlink()  # as if killed after its last checkpoint
+    with pytest.raises(SystemExit, match=r"--validation-file: the run has None, now \[.*\]: without a validation"):
+        train_cli.main(["--output-dir", str(cut), "--resume", "--validation-file", str(text_files["validation"])])
+    with_file = tmp_path / "with-file"
+    run(text_files, with_file, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0")
+    (with_file / "metrics.json").unlink()
+    other = tmp_path / "other-validation.txt"
+    other.write_text(text_files["test"].read_text(encoding="utf-8"), encoding="utf-8")
+    capsys.readouterr()
+    assert train_cli.main(["--output-dir", str(with_file), "--resume", "--validation-file", str(other)]) == 0
+    assert "resumed from" in capsys.readouterr().out
+
+
 def test_a_resumed_run_stopped_by_its_data_keeps_its_folder(text_files, tmp_path):
     files = {split: tmp_path / f"{split}.txt" for split in text_files}
     for split, path in files.items():

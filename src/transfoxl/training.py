@@ -188,6 +188,14 @@ def check_resumable(run: RunFolder, args: argparse.Namespace, option_defaults: d
         for key in given
         if key not in FREE_ON_RESUME and saved.get(key, option_defaults.get(key)) != given[key]
     ]
+    # A validation file is evaluation data, but with a training file its absence makes the run cut its validation
+    # text from the training file's end (--validation-fraction): adding or dropping one changes the training stream.
+    if given.get("train_file") and bool(saved.get("validation_file")) != bool(given.get("validation_file")):
+        changed.append(
+            f"--validation-file: the run has {saved.get('validation_file')!r}, now {given['validation_file']!r}: "
+            "without a validation file a run trains on its --train-file less the last --validation-fraction, cut "
+            "off for validation, so this changes what it trains on"
+        )
     if changed:
         raise SystemExit(
             f"Cannot resume {run.path}: options that change the training differ from the run's "

@@ -295,6 +295,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     check_data_and_output(parser, args, given)
     if args.resume and args.output_dir is not None:
         take_the_runs_options(parser, args, argv)
+        check_data_sources(parser, args)
     return args
 
 
@@ -319,6 +320,14 @@ def take_the_runs_options(
     for key, value in saved.items():
         if key not in given and hasattr(args, key):
             setattr(args, key, value)
+
+
+def check_data_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Evaluation files belong to a training file; a training file and a dataset exclude each other."""
+    if args.train_file is None and (args.validation_file or args.test_file):
+        parser.error("--validation-file / --test-file need a --train-file")
+    if args.train_file is not None and args.dataset_name is not None:
+        parser.error("pass either --train-file or --dataset-name, not both")
 
 
 def fail(parser: argparse.ArgumentParser, option: str, value: Any, expected: str) -> None:
@@ -455,10 +464,8 @@ def check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> None:
     """The data files exist, the tokenizer is a kind, a folder or a Hub id, fp16 has a GPU, the output folder is a
     folder; local paths are made absolute, so that train_args.json means the same files from any folder."""
-    if args.train_file is None and (args.validation_file or args.test_file):
-        parser.error("--validation-file / --test-file need a --train-file")
-    if args.train_file is not None and args.dataset_name is not None:
-        parser.error("pass either --train-file or --dataset-name, not both")
+    if not args.resume:  # (a resume takes the run's own --train-file / --dataset-name first: checked after)
+        check_data_sources(parser, args)
     for option in ("train_file", "validation_file", "test_file"):
         for path in getattr(args, option) or []:
             if not Path(path).is_file():
