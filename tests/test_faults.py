@@ -424,6 +424,18 @@ OPTION_CASES = [
         "config-foreign",
     ),
     option_case(
+        "--validation-file without --train-file",
+        lambda f: ["--validation-file", str(f["validation"])],
+        "--validation-file / --test-file need a --train-file",
+        "validation-file-alone",
+    ),
+    option_case(
+        "--dataset-config without --dataset-name",
+        lambda f: ["--dataset-config", "wikitext-2-raw-v1"],
+        "--dataset-config wikitext-2-raw-v1 needs a --dataset-name",
+        "dataset-config-alone",
+    ),
+    option_case(
         "--resume without --output-dir",
         lambda f: ["--resume"],
         "--resume needs the --output-dir of the run to continue",

@@ -257,7 +257,9 @@ def load_corpus(
     if text_files is not None and dataset_name is not None:
         raise ValueError("Pass either text_files or dataset_name, not both.")
     if dataset_config is not None and dataset_name is None:
-        raise ValueError(f"dataset_config={dataset_config!r} needs a dataset_name.")
+        raise ValueError(
+            f"dataset_config={dataset_config!r} needs a dataset_name (scripts: --dataset-config needs --dataset-name)."
+        )
     cache = None if cache_dir is None else str(cache_dir)
     if text_files is not None:
         if isinstance(text_files, (str, os.PathLike)) or not isinstance(text_files, Mapping):
@@ -314,7 +316,9 @@ def load_corpus(
             raise ValueError(f"{source}: split {split!r} holds only blank lines ({dataset.num_rows} rows): no text.")
     if "validation" not in corpus:
         if not 0 < validation_fraction < 1:
-            raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}.")
+            raise ValueError(
+                f"validation_fraction must be in (0, 1), got {validation_fraction} (scripts: --validation-fraction)."
+            )
         rows = corpus["train"].num_rows
         n_valid = max(1, int(rows * validation_fraction))
         if rows - n_valid < 1:
@@ -357,7 +361,8 @@ def line_end_ids(tokenizer: Any) -> list[int]:
         return [tokenizer.eos_token_id]
     raise ValueError(
         "The tokenizer has no token for a newline and no eos_token: lines cannot be separated in the stream. "
-        "Set tokenizer.eos_token, or pass add_eos=False to concatenate lines with nothing between them."
+        "Set tokenizer.eos_token, or pass add_eos=False (scripts: --no-add-eos) to concatenate lines with nothing "
+        "between them."
     )
 
 

@@ -323,11 +323,14 @@ def take_the_runs_options(
 
 
 def check_data_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Evaluation files belong to a training file; a training file and a dataset exclude each other."""
+    """Evaluation files belong to a training file, a dataset configuration to a dataset; a training file and a
+    dataset exclude each other."""
     if args.train_file is None and (args.validation_file or args.test_file):
         parser.error("--validation-file / --test-file need a --train-file")
     if args.train_file is not None and args.dataset_name is not None:
         parser.error("pass either --train-file or --dataset-name, not both")
+    if args.dataset_config is not None and args.dataset_name is None:
+        parser.error(f"--dataset-config {args.dataset_config} needs a --dataset-name")
 
 
 def fail(parser: argparse.ArgumentParser, option: str, value: Any, expected: str) -> None:
