@@ -376,6 +376,10 @@ def test_load_corpus_from_text_files(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00 not text\n")
     with pytest.raises(ValueError, match=r"binary.txt.*cannot be read \(UnicodeDecodeError: .*is it UTF-8 text\?"):
         load_corpus({"train": binary}, cache_dir=tmp_path / "cache")
+    text = tmp_path / "text.txt"
+    text.write_text("good text\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^text_files\['train'\]: \S*binary.txt: cannot be read \(Unicode"):
+        load_corpus({"train": [text, binary]}, cache_dir=tmp_path / "cache")  # the file named, not both
     with pytest.raises(ValueError, match="not both"):
         load_corpus(train, dataset_name="Salesforce/wikitext")
     with pytest.raises(ValueError, match="needs a dataset_name"):

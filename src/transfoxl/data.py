@@ -20,6 +20,7 @@ process, `T = N // B` tokens per column, `L` the segment length (`tgt_len`, shor
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import html
 import importlib.metadata
@@ -229,6 +230,21 @@ def _files_version(data_files: Mapping[str, Sequence[str]]) -> str:
     return "files-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+def _first_file_not_utf8(data_files: Mapping[str, list[str]]) -> str | None:
+    """`text_files[split]: path` of the first file whose bytes are not UTF-8, or None (each read in 1 MiB chunks)."""
+    for split, paths in data_files.items():
+        for path in paths:
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            try:
+                with open(path, "rb") as file:
+                    while chunk := file.read(1 << 20):
+                        decoder.decode(chunk)
+                    decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                return f"text_files[{split!r}]: {path}"
+    return None
+
+
 def load_corpus(
     text_files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any] | None = None,
     dataset_name: str | None = None,
@@ -287,11 +303,11 @@ def load_corpus(
                 builder, name=_files_version(data_files), data_files=data_files, cache_dir=cache
             )
         except datasets.exceptions.DatasetGenerationError as error:
-            # datasets wraps the cause (a UnicodeDecodeError: bytes that are not UTF-8) in a message without it.
+            # datasets wraps the cause (a UnicodeDecodeError: bytes that are not UTF-8) in a message without it,
+            # or the file's name.
             cause = error.__cause__ if error.__cause__ is not None else error
-            raise ValueError(
-                f"text_files {data_files}: cannot be read ({type(cause).__name__}: {cause}); is it UTF-8 text?"
-            ) from None
+            where = _first_file_not_utf8(data_files) or f"text_files {data_files}"
+            raise ValueError(f"{where}: cannot be read ({type(cause).__name__}: {cause}); is it UTF-8 text?") from None
         source = f"text files {data_files}"
     elif dataset_name is not None:
         corpus = datasets.load_dataset(dataset_name, dataset_config, cache_dir=cache)
