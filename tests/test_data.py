@@ -378,6 +378,15 @@ def test_load_corpus_from_text_files(tmp_path: Path) -> None:
         load_corpus({"train": binary}, cache_dir=tmp_path / "cache")
     text = tmp_path / "text.txt"
     text.write_text("good text\n", encoding="utf-8")
+    marked = tmp_path / "marked.txt"
+    marked.write_bytes("\ufeffFirst line\nsecond\n".encode())  # a byte-order mark (Windows editors): no character
+    assert load_corpus({"train": [marked, text], "validation": text}, cache_dir=tmp_path / "cache")["train"][
+        "text"
+    ] == [
+        "First line",
+        "second",
+        "good text",
+    ]
     with pytest.raises(ValueError, match=r"^text_files\['train'\]: \S*binary.txt: cannot be read \(Unicode"):
         load_corpus({"train": [text, binary]}, cache_dir=tmp_path / "cache")  # the file named, not both
     with pytest.raises(ValueError, match="not both"):

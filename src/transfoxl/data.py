@@ -299,8 +299,11 @@ def load_corpus(
             # datasets tells a local file's versions by its modification time alone: a file replaced by a copy that
             # kept the old one's (cp -p, rsync -a, tar) was read from the cache, the old text. The config name
             # carries what else changes with the content (size, inode, status-change time), so a new build is made.
+            # (utf-8-sig: a byte-order mark that Windows editors put first is no character of the text; without
+            # one it reads as utf-8)
+            encoding = {"encoding": "utf-8-sig"} if builder == "text" else {}
             corpus = datasets.load_dataset(
-                builder, name=_files_version(data_files), data_files=data_files, cache_dir=cache
+                builder, name=_files_version(data_files), data_files=data_files, cache_dir=cache, **encoding
             )
         except datasets.exceptions.DatasetGenerationError as error:
             # datasets wraps the cause (a UnicodeDecodeError: bytes that are not UTF-8) in a message without it,
