@@ -231,6 +231,113 @@ def test_an_adapter_change_is_seen_by_a_memory_that_keeps_projections():
     torch.testing.assert_close(continued, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["IA3", "LoHa", "LoKr", "DoRA"])
+def test_other_peft_adapters_train_the_adapter_only_and_merge_to_its_outputs(method):
+    peft = pytest.importorskip("peft")
+    targets = ["qkv_proj", "o_proj", "up_proj", "down_proj"]
+    config = {
+        "IA3": lambda: peft.IA3Config(target_modules=targets, feedforward_modules=["up_proj", "down_proj"]),
+        "LoHa": lambda: peft.LoHaConfig(target_modules=targets, r=4, init_weights=False),
+        "LoKr": lambda: peft.LoKrConfig(target_modules=targets, r=4, init_weights=False),
+        "DoRA": lambda: peft.LoraConfig(target_modules=targets, r=4, use_dora=True, init_lora_weights=False),
+    }[method]()
+    adapted = peft.get_peft_model(tiny_lm(), config)
+    ids = random_ids(2, 8)
+    adapted.train()
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert {name for name, p in adapted.named_parameters() if p.grad is not None} == {
+        name for name, p in adapted.named_parameters() if p.requires_grad
+    }
+    assert all(not p.requires_grad for name, p in adapted.named_parameters() if "base_layer" in name)
+    adapted.eval()
+    with torch.no_grad():
+        if method == "IA3":  # (IA3 starts as the identity: move it)
+            for name, parameter in adapted.named_parameters():
+                if "ia3_l" in name:
+                    parameter.add_(0.3)
+        adapter_logits = adapted(input_ids=ids).logits
+        torch.testing.assert_close(adapted.merge_and_unload()(ids).logits, adapter_logits, rtol=0, atol=1e-4)
+    assert not torch.allclose(adapter_logits, tiny_lm()(ids).logits, atol=1e-3)
+
+
+def test_peft_trainable_tokens_name_one_table_of_the_adaptive_embedding():
+    peft = pytest.importorskip("peft")
+    with pytest.raises(AttributeError, match=r"TxlAdaptiveEmbedding has no single weight: .*`embeddings.N` by name"):
+        peft.get_peft_model(tiny_lm(), peft.LoraConfig(target_modules=["o_proj"], trainable_token_indices=[3, 60]))
+    config = peft.LoraConfig(target_modules=["o_proj"], trainable_token_indices={"embeddings.0": [3, 7]})
+    adapted = peft.get_peft_model(tiny_lm(), config)
+    ids = random_ids(2, 8)
+    adapted.train()
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    assert any("trainable_tokens" in name for name, p in adapted.named_parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("div_val", [2, 1])
+def test_peft_prompt_tuning_trains_the_virtual_tokens_and_generates_after_them(div_val, tmp_path):
+    """PEFT's prompt tuning finds the input embedding at `embeddings.word_embeddings`. Before, it found nothing with
+    the adaptive embedding (a TypeError in every call) and, with one table (div_val 1), took that table alone: real
+    tokens entered without the sqrt(d_model) scale, silently. The virtual tokens come before the real ones, the
+    gradient reaches them only, and generate() continues as greedy full forwards over [virtual; prompt] do."""
+    peft = pytest.importorskip("peft")
+    model = tiny_lm(div_val=div_val, mem_len=32)
+    adapted = peft.get_peft_model(model, peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    assert adapted.word_embeddings is model.get_input_embeddings()
+    assert "embeddings" not in dict(model.named_children())  # (a property: the module tree and state dict as before)
+    ids = random_ids(2, 6)
+    adapted.train()
+    adapted(input_ids=ids, labels=ids).loss.backward()
+    trained = {name for name, parameter in adapted.named_parameters() if parameter.grad is not None}
+    assert trained == {"prompt_encoder.default.embedding.weight"}
+    adapted.eval()
+    with torch.no_grad():
+        virtual = adapted.get_prompt(batch_size=1)  # [1, 4, E]
+
+        def next_token(tokens):
+            embedded = torch.cat([virtual, model.get_input_embeddings()(tokens)], dim=1)
+            return model(inputs_embeds=embedded).logits[:, -1].argmax(-1, keepdim=True)
+
+        expected = ids[:1]
+        for _ in range(4):
+            expected = torch.cat([expected, next_token(expected)], dim=1)
+        generated = adapted.generate(input_ids=ids[:1], max_new_tokens=4, do_sample=False)
+        assert torch.equal(generated, expected)
+        logits = adapted(input_ids=ids).logits  # [2, 4 + 6, V]: the virtual tokens' positions first
+        assert not torch.allclose(logits[:, 4:], model(ids).logits, atol=1e-3)  # the real tokens see the virtual ones
+        adapted.save_pretrained(tmp_path)
+        reloaded = peft.PeftModel.from_pretrained(tiny_lm(div_val=div_val, mem_len=32), tmp_path).eval()
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, logits, rtol=0, atol=0)
+    with pytest.raises(AttributeError, match=r"no single num_embeddings: an adaptive embedding .*='RANDOM'"):
+        peft.get_peft_model(
+            tiny_lm(),
+            peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4, prompt_tuning_init="SAMPLE_VOCAB"),
+        )
+    assert not hasattr(model.get_input_embeddings(), "weight")  # (still no attribute: hasattr / getattr probes)
+
+
+def test_peft_p_tuning_trains_and_prefix_tuning_is_refused_clearly():
+    """P-tuning finds the embedding as prompt tuning does. Prefix tuning hands the model per-layer key/value
+    prefixes, which Transformer-XL's memory of hidden states cannot hold: refused saying so in forward and in
+    generate() (which failed in PEFT with an AttributeError: the memory had no max_cache_len)."""
+    peft = pytest.importorskip("peft")
+    config = peft.PromptEncoderConfig(task_type="CAUSAL_LM", num_virtual_tokens=4, encoder_hidden_size=16)
+    adapted = peft.get_peft_model(tiny_lm(), config)
+    ids = random_ids(2, 6)
+    adapted.train()
+    loss = adapted(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert math.isfinite(loss.item())
+    assert {name for name, p in adapted.named_parameters() if p.grad is not None} <= {
+        name for name, p in adapted.named_parameters() if name.startswith("prompt_encoder.")
+    }
+    prefix = peft.get_peft_model(tiny_lm(), peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    prefix.eval()
+    message = r"got \w*Cache\. .*not keys and values.* PEFT's prefix tuning, which makes one, does not apply"
+    with pytest.raises(TypeError, match=message):
+        prefix(input_ids=ids)
+    with pytest.raises(TypeError, match=message):
+        prefix.generate(input_ids=ids[:1], max_new_tokens=2)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # generate() idioms
 

@@ -554,6 +554,12 @@ class TxlMemory(Cache):
     def batch_size(self) -> int:
         return self.layers[0].batch_size
 
+    @property
+    def max_cache_len(self) -> int:
+        """The most positions the memory keeps (`mem_len`), under the name of a static cache's limit (which PEFT
+        reads of any cache but a DynamicCache)."""
+        return self.mem_len
+
 
 def is_txl_memory(value: object) -> bool:
     """Whether `value` is a `TxlMemory`: of this module, or of another copy of this file (a model folder loaded with

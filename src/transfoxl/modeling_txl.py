@@ -399,9 +399,17 @@ def _memory_of(outputs: transformers.utils.ModelOutput) -> TxlMemory | None:
 def _check_memory_type(memory: object, argument: str = "past_key_values") -> None:
     """A memory passed by the caller as `argument` is a TxlMemory (or None)."""
     if memory is not None and not is_txl_memory(memory):
+        if isinstance(memory, Cache):  # (a key/value cache: another model's, or PEFT's prefix tuning's prefixes)
+            advice = (
+                "Transformer-XL's memory holds the hidden states that entered each layer (projected again with "
+                "relative positions), not keys and values, so no key/value cache can stand in for it; PEFT's prefix "
+                "tuning, which makes one, does not apply (prompt tuning, P-tuning and LoRA do)."
+            )
+        else:
+            advice = "Convert v4 `mems` with TxlMemory.from_legacy(mems)."
         raise TypeError(
             f"{argument} must be a TxlMemory (the memory returned by a previous call), got "
-            f"{type(memory).__name__}. Convert v4 `mems` with TxlMemory.from_legacy(mems)."
+            f"{type(memory).__name__}. {advice}"
         )
 
 
@@ -883,6 +891,19 @@ class TxlAdaptiveEmbedding(nn.Module):
                 self.embeddings.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
                 self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
 
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in ("weight", "num_embeddings", "embedding_dim"):  # (what code written for nn.Embedding reads)
+                raise AttributeError(
+                    f"TxlAdaptiveEmbedding has no single {name}: an adaptive embedding splits the vocabulary into "
+                    "clusters, each a table of its own width (`embeddings[i].weight`) projected to d_model "
+                    "(`projections[i]`). PEFT: prompt tuning needs prompt_tuning_init='RANDOM'; target the tables "
+                    "`embeddings.N` by name (LoRA, trainable tokens)."
+                ) from None
+            raise
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids `[B, Q]` -> `[B, Q, E]`, in the tables' dtype: under autocast a projection's output would be
         bf16 / fp16, and the whole residual stream after it, where a plain embedding's keeps the weights' dtype (and
@@ -1150,6 +1171,14 @@ class TxlPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = False
     # v4 stored the sinusoid's frequencies as a buffer; they are recomputed here.
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
+
+    @property
+    def embeddings(self) -> TxlModel:
+        """The base model, which holds `word_embeddings`: `embeddings.word_embeddings` is the path where PEFT's prompt
+        tuning and P-tuning look for the input embedding (else they guess a parameter of vocab_size rows: the adaptive
+        embedding has none, or one whose output lacks the sqrt(d_model) scale). Not a sub-module of its own: the
+        state dict and the module tree are unchanged."""
+        return self.base_model
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
