@@ -559,6 +559,22 @@ def test_training_mostly_on_unknown_tokens_is_warned(text_files, tmp_path, capsy
     assert "A new run can train its own" in printed  # (not a fine-tune: the advice of a new run)
     run(text_files, tmp_path / "own", "--steps", "1", "--sample-len", "0")  # the tiny preset's own tokenizer
     assert "of the training tokens are" not in capsys.readouterr().out
+    # A tokenizer trained on this text with a small vocabulary: the advice is about its limit, not another tokenizer.
+    run(
+        text_files,
+        tmp_path / "small",
+        "--tokenizer",
+        "word",
+        "--vocab-size",
+        "40",
+        "--steps",
+        "1",
+        "--sample-len",
+        "0",
+    )
+    printed = capsys.readouterr().out
+    assert "of the training tokens are <unk>" in printed
+    assert "The tokenizer trained here keeps only part of this text's word vocabulary (--vocab-size 40)" in printed
 
 
 def test_an_evaluation_split_mostly_of_unknown_tokens_is_warned(text_files, tmp_path, capsys):

@@ -346,12 +346,21 @@ def load_data(
         raise SystemExit(f"Cannot load the data: {error}") from None
     share = unknown_share(streams["train"], tokenizer)
     if share > UNKNOWN_SHARE_WARNING and state.is_main_process:  # a fine-tuned model's vocabulary, another text
-        advice = (
-            "A fine-tuned model keeps its tokenizer: clean the text of what it does not know, or train a new model "
-            "on it."
-            if getattr(args, "model_name_or_path", None)
-            else "A new run can train its own (--tokenizer word, char or bpe)."
-        )
+        limits = [f"--vocab-size {args.vocab_size}"] if getattr(args, "vocab_size", None) else []
+        limits += [f"--min-freq {args.min_freq}"] if getattr(args, "min_freq", 1) > 1 else []
+        if getattr(args, "model_name_or_path", None):
+            advice = (
+                "A fine-tuned model keeps its tokenizer: clean the text of what it does not know, or train a new "
+                "model on it."
+            )
+        elif args.tokenizer in TOKENIZER_KINDS:  # (trained on this very text: its limits left the rest out)
+            advice = (
+                f"The tokenizer trained here keeps only part of this text's {args.tokenizer} vocabulary "
+                f"({', '.join(limits) or 'its limits'}): raise --vocab-size or lower --min-freq (--tokenizer bpe "
+                "has no unknown tokens)."
+            )
+        else:
+            advice = "A new run can train its own (--tokenizer word, char or bpe)."
         print(
             f"WARNING: {share:.1%} of the training tokens are {tokenizer.unk_token} (text outside the tokenizer's "
             "vocabulary): the model would mostly learn to predict it. Is the text the kind the tokenizer was made "
