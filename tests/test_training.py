@@ -482,6 +482,12 @@ def test_option_defaults_follow_the_options_given(tmp_path):
     config_from_preset("tiny", vocab_size=10, mem_len=7, tgt_len=9).to_json_file(config_file)
     from_file = parse(["--config", str(config_file)])
     assert (from_file.mem_len, from_file.tgt_len) == (7, 9)
+    # With --preset too (--help says so): the file's architecture, the preset's schedule.
+    both = parse(["--config", str(config_file), "--preset", "wt103-base"])
+    schedule = PRESETS["wt103-base"].training
+    assert (both.batch_size, both.lr, both.steps) == (schedule["batch_size"], schedule["lr"], schedule["steps"])
+    built = training.build_config(both, vocab_size=10)
+    assert (built.n_layer, built.d_model) == (PRESETS["tiny"].model["n_layer"], PRESETS["tiny"].model["d_model"])
     args = parse(["--preset", "tiny", "--d-model", "48", "--n-head", "4"])
     assert training.build_config(args, vocab_size=20).d_head == 12
 

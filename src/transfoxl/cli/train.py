@@ -141,7 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help=preset_help)
     model.add_argument(
-        "--config", type=name_argument, default=None, help="a TxlConfig JSON file, or a folder with config.json"
+        "--config",
+        type=name_argument,
+        default=None,
+        help="a TxlConfig JSON file, or a folder with config.json: the architecture (and, where it has them, the "
+        "defaults of --tgt-len and --mem-len) instead of the preset's; --preset then sets the training schedule only "
+        "(batch size, learning rate, steps, warmup, evaluation lengths)",
     )
     for name in ("--n-layer", "--d-model", "--n-head", "--d-head", "--d-inner"):
         model.add_argument(name, type=int, default=None)
