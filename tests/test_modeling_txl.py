@@ -111,6 +111,32 @@ def test_same_length_mask_gives_every_query_the_same_number_of_keys():
     assert (~causal).sum(-1).tolist() == [7, 8, 9, 10]
 
 
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_same_length_without_a_memory_reads_the_segment_causally(attn_implementation):
+    """mem_len 0 with same_length (TxlConfig's defaults but the memory, and the wt103 model evaluated without its
+    memory): the window of mem_len keys held none, not even the query's own; v4's fill gave every key, the future's
+    included, the same weight. A segment is read causally: the logits of a position do not move with a later token,
+    the attention of the first query is on itself, and a padded row equals the same row alone."""
+    assert torch.equal(
+        causal_memory_mask(5, 0, same_length=True, max_mem_len=0, device=torch.device("cpu")),
+        causal_memory_mask(5, 0, same_length=False, max_mem_len=0, device=torch.device("cpu")),
+    )
+    assert causal_memory_mask(1, 0, same_length=True, max_mem_len=0, device=torch.device("cpu")) is None
+    lm = tiny_lm(mem_len=0, same_length=True)
+    lm.config._attn_implementation = attn_implementation
+    tokens = ids(1, 6)
+    changed = tokens.clone()
+    changed[0, 5] = (changed[0, 5] + 1) % lm.config.vocab_size
+    with torch.no_grad():
+        out = lm(tokens, output_attentions=attn_implementation == "eager")
+        torch.testing.assert_close(lm(changed).logits[:, :5], out.logits[:, :5], rtol=0, atol=0)
+        if attn_implementation == "eager":
+            assert out.attentions[0][0, :, 0, 0].eq(1).all()  # the first query sees only itself
+        padded = torch.cat([tokens, torch.zeros(1, 2, dtype=torch.long)], dim=1)
+        mask = torch.tensor([[1] * 6 + [0] * 2])
+        torch.testing.assert_close(lm(padded, attention_mask=mask).logits[:, :6], out.logits, rtol=0, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Recurrence and memory
 

@@ -62,7 +62,9 @@ class TxlConfig(PreTrainedConfig):
         clamp_len (`int`, *optional*, defaults to 1000):
             Relative distances above `clamp_len` use the encoding of `clamp_len`; 0 or less disables clamping.
         same_length (`bool`, *optional*, defaults to `True`):
-            Every query attends to the same number of positions (the paper's evaluation setting).
+            Every query attends to the same number of positions (the paper's evaluation setting): itself and the
+            `mem_len - 1` positions before it, also within one long segment (a query does not see further back than
+            that). No effect with `mem_len` 0.
         tie_projs (`list[bool]`, *optional*):
             Per cluster, whether the adaptive softmax shares the input embedding's projection. Derived from
             `proj_share_all_but_first` when not given.

@@ -155,8 +155,12 @@ def causal_memory_mask(
 
     Query i (stream position M + i) sees the memory and the current segment up to itself (j <= M + i). With
     `same_length`, every query sees the same number of keys as the last one: keys further back than that are hidden
-    too (the rule of the original code, which measures the window with the configured `max_mem_len`).
+    too (the rule of the original code, which measures the window with the configured `max_mem_len`: a query sees
+    itself and the `max_mem_len - 1` positions before it once the stream is that long). Without a memory
+    (`max_mem_len` 0) that window would hold no key at all (the original's softmax gave NaN, v4's a uniform weight
+    over every key, the future's included): a segment is then read as a plain causal Transformer reads it.
     """
+    same_length = same_length and max_mem_len > 0
     k_len = mem_len_now + q_len
     if q_len == 1 and not (same_length and k_len > max_mem_len):  # decoding one token sees every key
         return None
