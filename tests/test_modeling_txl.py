@@ -645,6 +645,21 @@ def test_bad_inputs_get_clear_errors():
         model.transformer(ids, head_mask=torch.ones(4))
 
 
+def test_token_types_of_one_segment_are_taken_and_a_second_type_is_refused():
+    """A tokenizer made for BERT-like models returns token_type_ids (all 0 for one text), which GPT-2 takes and a
+    pipeline passes on: they were refused as an unexpected argument. A second type (a text pair's 1s) has no
+    embedding here: refused, saying what to do."""
+    model = tiny_lm()
+    tokens = ids(2, 5)
+    with torch.no_grad():
+        expected = model(tokens).logits
+        torch.testing.assert_close(model(tokens, token_type_ids=torch.zeros_like(tokens)).logits, expected)
+        classifier = TxlForSequenceClassification(tiny_config(num_labels=2, pad_token_id=0)).eval()
+        classifier(tokens, token_type_ids=torch.zeros_like(tokens))
+        with pytest.raises(ValueError, match=r"token_type_ids marks tokens of a second type .*return_token_type_ids"):
+            model(tokens, token_type_ids=torch.ones_like(tokens))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Bad input to the models' forward and the memory (rows of the reliability table)
 # These tests run on one intra-op thread (`one_thread`, tests/conftest.py).
