@@ -1840,7 +1840,15 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
 
 
 class TxlForSequenceClassification(TxlPreTrainedModel):
-    """Transformer-XL with a linear classifier on the last non-padding token."""
+    """Transformer-XL with a linear classifier on the last non-padding token.
+
+    What the pooled token sees: with `same_length` (the wt103 setting) a query attends to itself and the `mem_len - 1`
+    positions before it, so a text longer than `mem_len` is classified from its end only; `same_length=False`
+    lets the last token see the whole input. A long text can also go in segments, the memory passed from one call to
+    the next as for the language model: the logits of each row are those of the segment that holds its last real
+    token (a row that is all padding in a later segment has meaningless logits there), and gradients do not reach
+    earlier segments.
+    """
 
     # The loss is a mean over the batch, as in transformers' classification heads: Trainer must scale it for gradient
     # accumulation itself rather than pass a count of items.
