@@ -556,6 +556,13 @@ def test_sequence_classification_pools_the_last_non_padding_token():
     assert output.logits.shape == (2, 3) and output.loss.ndim == 0 and math.isfinite(output.loss.item())
     alone = model(ids[:1, :3]).logits
     torch.testing.assert_close(output.logits[0], alone[0], rtol=0, atol=1e-5)
+    # The attention mask, where given, tells the padding: padded with another id than the config's (a tokenizer's
+    # own pad), or a real token equal to pad_token_id, the last real token is still the one pooled.
+    other_pad = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 1, 11, 12]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    masked = model(other_pad, attention_mask=mask).logits
+    torch.testing.assert_close(masked[0], alone[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(masked[1], model(other_pad[1:]).logits[0], rtol=0, atol=1e-5)
 
 
 def test_sequence_classification_of_embeddings_pools_by_the_attention_mask():

@@ -1899,10 +1899,10 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         batch = logits.shape[0]
         pad_token_id = self.config.pad_token_id
         not_pad = None  # [B, Q], where the positions are not padding
-        if input_ids is not None and pad_token_id is not None:
-            not_pad = input_ids != pad_token_id
-        elif attention_mask is not None:  # inputs_embeds, or no pad token: the mask tells the padding
+        if attention_mask is not None:  # (before the pad id: a tokenizer may pad with another id, or a text hold it)
             not_pad = attention_mask != 0
+        elif input_ids is not None and pad_token_id is not None:
+            not_pad = input_ids != pad_token_id
         if not_pad is None:
             if batch > 1 and pad_token_id is None:
                 raise ValueError(
