@@ -559,6 +559,26 @@ def test_torch_export_with_a_memory_equals_eager(model_class, one_thread):
         torch.testing.assert_close(kept.hidden, expected.hidden, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_a_program_exported_with_a_dynamic_length_equals_eager_at_every_length(attn_implementation, one_thread):
+    """Exported from 6 tokens with the batch and length dynamic, the program must compute every other length as
+    eager does (or refuse it). With same_length (mem_len 8), the mask's window was a branch on the length, fixed at
+    the traced one (an ONNX export, which drops torch.export's checks, was 0.05-0.23 off past mem_len tokens); with
+    sdpa the heads' output was reshaped as a view the exported graph could not keep (the ONNX export failed)."""
+    torch.manual_seed(0)
+    model = TxlForCausalLM(tiny_config(mem_len=8, same_length=True)).eval()
+    model.config._attn_implementation = attn_implementation
+    dims = {"input_ids": {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}}
+    program = torch.export.export(
+        model, (), {"input_ids": random_ids(2, 6), "use_cache": False}, dynamic_shapes={**dims, "use_cache": None}
+    ).module()
+    for batch, length in ((2, 6), (2, 3), (3, 9), (2, 20)):  # (a batch of 1 fails a guard of the program)
+        ids = random_ids(batch, length, seed=length)
+        with torch.no_grad():
+            eager = model(ids, use_cache=False).logits
+        torch.testing.assert_close(program(input_ids=ids, use_cache=False)["logits"], eager, rtol=1e-5, atol=1e-5)
+
+
 def test_an_exported_program_takes_back_the_memory_it_returns(one_thread):
     """A decode loop over an exported program: each call takes the memory the previous one returned (the memory's
     pytree context is its structure only, not the token count a traced forward cannot keep), and the logits follow
@@ -578,6 +598,85 @@ def test_an_exported_program_takes_back_the_memory_it_returns(one_thread):
         exported_memory = exported["past_key_values"]
         assert exported_memory.seen_tokens is None
         token = eager.logits[:, -1:].argmax(-1)
+
+
+class LogitsOnly(torch.nn.Module):
+    """The model's log-probabilities for a segment without a memory: what an ONNX graph of it computes."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize(("dynamo", "attn_implementation"), [(True, "eager"), (True, "sdpa"), (False, "sdpa")])
+def test_an_onnx_graph_computes_what_the_model_does(dynamo, attn_implementation, tmp_path, one_thread):
+    """torch.onnx.export, then onnxruntime, against eager. The dynamo exporter with dynamic batch and length: with
+    same_length (mem_len 8) the mask's window was fixed at the traced length (0.05-0.23 off past 8 tokens, silently:
+    ONNX keeps none of torch.export's checks), and with sdpa the export failed on a view of the heads' output. The
+    tracing exporter (dynamo=False), gradients on as by default: the training kernels were traced, whose writes into
+    views ONNX does not keep (0.4-0.5 off at the traced shape, silently)."""
+    pytest.importorskip("onnxscript")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = TxlForCausalLM(tiny_config(mem_len=8, same_length=True)).eval()
+    model.config._attn_implementation = attn_implementation
+    path = tmp_path / "model.onnx"
+    if dynamo:
+        dims = {"input_ids": {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}}
+        torch.onnx.export(LogitsOnly(model), (random_ids(2, 6),), str(path), dynamo=True, dynamic_shapes=dims)
+        shapes = ((2, 6), (2, 3), (3, 9), (2, 20))
+    else:
+        torch.onnx.export(LogitsOnly(model), (random_ids(2, 6),), str(path), dynamo=False, input_names=["input_ids"])
+        shapes = ((2, 6),)
+    session = onnxruntime.InferenceSession(str(path))
+    for batch, length in shapes:
+        ids = random_ids(batch, length, seed=length)
+        with torch.no_grad():
+            expected = model(ids, use_cache=False).logits
+        (computed,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
+        torch.testing.assert_close(torch.from_numpy(computed), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_made_under_inference_mode_meta_weights_and_a_count_as_a_tensor():
+    """Where tools put a model: built or copied under torch.inference_mode() (its weights keep no version, which the
+    kept projections were keyed on: every forward raised), on the meta device for shapes only (autocast's check
+    raised for it), and logits_to_keep as a 0-d tensor (what torch.onnx's tracing exporter passes; refused)."""
+    model = tiny_lm()
+    ids = random_ids(2, 5)
+    with torch.no_grad():
+        expected = model(ids).logits
+        greedy = model.generate(ids[:1], max_new_tokens=4, do_sample=False)
+    with torch.inference_mode():
+        copied = copy.deepcopy(model)
+        built = TxlForCausalLM(tiny_config()).eval()
+        built.load_state_dict(model.state_dict())
+    for made in (copied, built):
+        with torch.no_grad():
+            torch.testing.assert_close(made(ids).logits, expected, rtol=0, atol=1e-6)
+            assert torch.equal(made.generate(ids[:1], max_new_tokens=4, do_sample=False), greedy)
+    on_meta = copy.deepcopy(model).to("meta")
+    assert on_meta(ids.to("meta")).logits.shape == expected.shape
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, logits_to_keep=torch.tensor(0)).logits, expected, rtol=0, atol=0)
+        torch.testing.assert_close(
+            model(ids, logits_to_keep=torch.tensor(2)).logits, expected[:, -2:], rtol=0, atol=1e-6
+        )
+
+
+def test_dynamic_quantization_after_inference_computes_and_decodes():
+    """torch.ao's dynamic quantization replaces the linear layers (their weight becomes a method): a model that had
+    run inference kept a projected position table, whose check read the replaced layer's weight (AttributeError)."""
+    model = tiny_lm()
+    ids = random_ids(1, 6)
+    with torch.no_grad():
+        expected = model(ids).logits
+    quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(ids).logits, expected, rtol=0, atol=0.05)
+        assert quantized.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 10)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -53,6 +53,15 @@ def require_integer(
 # Tensors
 
 
+def autocast_on(device_type: str) -> bool:
+    """`torch.is_autocast_enabled(device_type)`; False for a device autocast does not know (meta: a shape-only run,
+    for which torch raises)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 def token_id_outside(ids: torch.Tensor, vocab_size: int) -> int | None:
     """A token id of `ids` outside `[0, vocab_size)` (the lowest if negative, else the highest), or None.
 
@@ -103,7 +112,7 @@ def check_inputs_embeds(inputs_embeds: Any, width: int, dtype: torch.dtype) -> N
     if inputs_embeds.numel() == 0:
         raise ValueError(f"inputs_embeds is empty (shape {tuple(inputs_embeds.shape)}); pass at least one position.")
     # Under autocast the matrix products cast for themselves; otherwise a mismatch fails deep in a layer.
-    if inputs_embeds.dtype != dtype and not torch.is_autocast_enabled(inputs_embeds.device.type):
+    if inputs_embeds.dtype != dtype and not autocast_on(inputs_embeds.device.type):
         raise ValueError(
             f"inputs_embeds has dtype {inputs_embeds.dtype}, the model's weights {dtype}: convert it with "
             "inputs_embeds.to(model.dtype), or run under torch.autocast."
@@ -149,7 +158,7 @@ def check_memory_fits(held: torch.Tensor, inputs: torch.Tensor, width: int) -> N
             f"The memory is on device {held.device}; the input is on {inputs.device}. A memory stays on the device "
             "that built it: continue the stream there, or reset the memory."
         )
-    if held.dtype != inputs.dtype and not torch.is_autocast_enabled(inputs.device.type):
+    if held.dtype != inputs.dtype and not autocast_on(inputs.device.type):
         raise ValueError(
             f"The memory holds {held.dtype} hidden states; this forward's are {inputs.dtype}. Pass a memory built by "
             "this model in its current dtype (convert the model back, or reset the memory)."

@@ -30,12 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .checks_txl import autocast_on
 from .cpp_kernels_txl import compiled_operators
 
 
 def float32_cpu_training(*tensors: torch.Tensor) -> bool:
     """Whether a gradient will flow back to `tensors`, all float32 on the CPU, without autocast, outside
-    torch.export (which traces with gradients on but records no backward) and torch.func transforms (which these
+    torch.export and torch.jit.trace (which trace with gradients on but record no backward: the kernels' writes into
+    views made torch.onnx's tracing exporter's graph compute other numbers) and torch.func transforms (which these
     kernels' autograd Functions do not support): where these kernels apply."""
     return (
         torch.is_grad_enabled()
@@ -43,6 +45,7 @@ def float32_cpu_training(*tensors: torch.Tensor) -> bool:
         and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_exporting()
+        and not torch.jit.is_tracing()
         and not torch._C._are_functorch_transforms_active()
     )
 
@@ -594,7 +597,7 @@ def memory_linear_applies(memory: torch.Tensor | None, segment: torch.Tensor) ->
         memory is not None
         and torch.is_grad_enabled()
         and not memory.requires_grad
-        and not torch.is_autocast_enabled(segment.device.type)
+        and not autocast_on(segment.device.type)
         and not torch.compiler.is_compiling()
         and not torch._C._are_functorch_transforms_active()
     )

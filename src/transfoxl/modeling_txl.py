@@ -59,6 +59,7 @@ from transformers.utils import logging
 # Relative imports: right both inside this package and in a model folder loaded with trust_remote_code (which copies
 # the files a model file imports relatively).
 from .checks_txl import (
+    autocast_on,
     check_attention_mask,
     check_class_labels,
     check_generation_settings,
@@ -168,8 +169,11 @@ def causal_memory_mask(
     future = torch.triu(ones, diagonal=1 + mem_len_now)
     if not same_length:
         return future
+    # Hidden: keys at or before query i - shift. (sym_max: no branch on the lengths, which a graph exported with
+    # dynamic lengths would fix at the traced one, and ONNX would then apply to every other length without a check.
+    # torch.jit.trace gives lengths as tensors, which sym_max does not take: its graphs have fixed shapes anyway.)
     excess = k_len - max_mem_len
-    shift = q_len - excess if excess > 0 else q_len
+    shift = q_len - (max(excess, 0) if isinstance(excess, torch.Tensor) else torch.sym_max(excess, 0))
     return future | torch.tril(ones, diagonal=-shift)
 
 
@@ -515,10 +519,13 @@ class TxlRelativeAttention(nn.Module):
         """`projection_version` from the weights it names (the projection's, and pre-LN's norm's), for decoding's
         fused step, which has them at hand and has checked the conditions on its own."""
         # (The weight object too: a new model's weight may take a freed one's storage and version.)
-        return (
-            *((_identity(weight), weight.data_ptr(), weight._version) for weight in weights if weight is not None),
-            self._training_phases,
-        )
+        try:
+            return (
+                *((_identity(weight), weight.data_ptr(), weight._version) for weight in weights if weight is not None),
+                self._training_phases,
+            )
+        except RuntimeError:  # weights made under torch.inference_mode() keep no version: an edit could not be told
+            return None
 
     def _forget_inference_results(self) -> None:
         """Drop what inference kept from the weights (they may change now without a new version, see __init__)."""
@@ -533,9 +540,13 @@ class TxlRelativeAttention(nn.Module):
     def check_kept_position_table(self) -> None:
         """Drop the kept projected position table if its weight's values changed without a new version (an edit
         through `.data`, PEFT's merge_and_unload): the model asks where a new stream starts, not at every token."""
-        kept, weight = self._position_table, self.pos_proj.weight
+        kept = self._position_table
         if kept is None:
             return
+        if not _is_plain_linear(self.pos_proj):  # (replaced since: an adapter, a quantized layer; nothing is kept)
+            self._position_table = None
+            return
+        weight = self.pos_proj.weight
         # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
         # cannot be compared with the kept one.)
         sample = kept[3]
@@ -560,8 +571,11 @@ class TxlRelativeAttention(nn.Module):
         table = positions if positions._base is None else positions._base  # [L, E], L >= K
         weight = pos_proj.weight
         device_type = table.device.type
-        autocast = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
-        key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
+        autocast = autocast_on(device_type) and torch.get_autocast_dtype(device_type)
+        try:
+            key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
+        except RuntimeError:  # (made under torch.inference_mode(): no version to tell an edit by, nothing kept)
+            return pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
         cached = self._position_table
         if cached is None or cached[0] != key or cached[1] is not table:
             projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
@@ -676,7 +690,12 @@ class TxlRelativeAttention(nn.Module):
             attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=block)
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
-        attn_output = attn_output.transpose(1, 2).reshape(batch, q_len, inner)  # [B, Q, H*D]
+        attn_output = attn_output.transpose(1, 2)  # [B, Q, H, D]
+        if torch.compiler.is_exporting():
+            # SDPA's output traced contiguous after the transpose, so the reshape was recorded as a view; the ONNX
+            # exporter decomposes SDPA into products whose output is not, and the view then fails. A copy always.
+            attn_output = attn_output.clone(memory_format=torch.contiguous_format)
+        attn_output = attn_output.reshape(batch, q_len, inner)  # [B, Q, H*D]
         attn_output = _dropout(self.dropout, _project(self.o_proj, attn_output))  # [B, Q, E]
         if self.pre_lnorm:
             return hidden_states + attn_output, attn_weights
@@ -913,7 +932,7 @@ class TxlAdaptiveEmbedding(nn.Module):
         bf16 / fp16, and the whole residual stream after it, where a plain embedding's keeps the weights' dtype (and
         a memory made under autocast could then not be continued outside it)."""
         embeddings = self._embed(input_ids)
-        if torch.is_autocast_enabled(input_ids.device.type):  # (a dtype lookup costs a few microseconds a token)
+        if autocast_on(input_ids.device.type):  # (a dtype lookup costs a few microseconds a token)
             embeddings = embeddings.to(self.embeddings[0].weight.dtype)
         return embeddings
 
@@ -1663,6 +1682,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
             raise ValueError("Pass either labels (shifted inside) or shift_labels (pre-aligned), not both.")
+        if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dim() == 0:
+            logits_to_keep = logits_to_keep.item()  # (a count as a tensor: what torch.onnx's tracing exporter passes)
         if not isinstance(logits_to_keep, torch.Tensor):
             require_integer(logits_to_keep, "logits_to_keep", minimum=0, note=" (0: every position)")
         check_num_items(num_items_in_batch)
