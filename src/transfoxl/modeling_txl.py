@@ -1412,6 +1412,29 @@ class TxlModel(TxlPreTrainedModel):
         return table[table.shape[0] - k_len :]
 
     @staticmethod
+    def _new_tokens_mask(attention_mask: object, memory: object, q_len: int) -> object:
+        """The columns of the new tokens of a mask that covers the whole stream so far (`memory.seen_tokens + Q`
+        columns: what a GPT-2-style decoding loop passes, and transformers' classifier-free guidance), where its
+        columns over the memory's positions agree with the padding the memory remembers; else the mask as given
+        (`check_attention_mask` then says what is expected)."""
+        if not (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dim() == 2
+            and is_txl_memory(memory)
+            and memory.seen_tokens is not None
+            and attention_mask.shape[1] == memory.seen_tokens + q_len > q_len
+            and not torch.compiler.is_compiling()
+        ):
+            return attention_mask
+        held = memory.get_seq_length()
+        over_memory = attention_mask[:, attention_mask.shape[1] - q_len - held : attention_mask.shape[1] - q_len] != 0
+        remembered = memory.padding
+        tokens = torch.ones_like(over_memory) if remembered is None else ~remembered.to(over_memory.device)
+        if over_memory.shape != tokens.shape or not torch.equal(over_memory, tokens):
+            return attention_mask
+        return attention_mask[:, attention_mask.shape[1] - q_len :]
+
+    @staticmethod
     def _key_padding(
         memory: TxlMemory | None, segment_padding: torch.Tensor | None, batch: int, q_len: int, device: torch.device
     ) -> torch.Tensor | None:
@@ -1517,6 +1540,7 @@ class TxlModel(TxlPreTrainedModel):
         batch, q_len, _ = inputs_embeds.shape
         segment_padding = None
         if attention_mask is not None:
+            attention_mask = self._new_tokens_mask(attention_mask, past_key_values, q_len)
             check_attention_mask(attention_mask, batch, q_len)
             segment_padding = attention_mask.to(inputs_embeds.device) == 0  # [B, Q]
 
@@ -1850,6 +1874,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
         check_generation_settings(setting, self.config.vocab_size)
+        if setting("repetition_penalty") not in (None, 1.0):
+            logger.warning_once(
+                "repetition_penalty acts on this model's scores, log-probabilities (all <= 0), by multiplying them: "
+                "much less than on raw logits (GPT-2's) at the same value. no_repeat_ngram_size and sequence_bias act "
+                "alike on both (docs/generation.md)."
+            )
         other = "past_key_values" if _CACHE_KWARG == "cache" else "cache"
         if (memory := kwargs.pop(other, None)) is not None:  # either name, whichever transformers is installed
             if kwargs.get(_CACHE_KWARG) is not None:
