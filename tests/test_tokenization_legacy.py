@@ -250,6 +250,35 @@ def test_auto_tokenizer_gives_v4_ids_on_pretokenized_text(folder: str) -> None:
         assert corpus_style.encode(case["text"], add_special_tokens=False) == case["ids"], case["text"]
 
 
+def test_a_v4_folder_takes_transformers_tokenizer_arguments() -> None:
+    """padding_side, pad_token, model_max_length... apply to a converted v4 vocabulary as to a loaded tokenizer.json
+    (they were dropped silently: batches for generate() came out padded on the right)."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        FIXTURES / "v4_vocab_only", padding_side="left", pad_token="<eos>", model_max_length=8, truncation_side="left"
+    )
+    assert (tokenizer.padding_side, tokenizer.pad_token, tokenizer.model_max_length) == ("left", "<eos>", 8)
+    batch = tokenizer(["the", "the the the"], padding=True).input_ids
+    eos, the = tokenizer.convert_tokens_to_ids(["<eos>", "the"])
+    assert batch == [[eos, eos, the], [the, the, the]]
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only").get_vocab()
+
+
+def test_a_v4_never_split_that_is_not_carried_over_is_said(tmp_path: Path, caplog) -> None:
+    """v4 kept the words of `never_split` whole; the converted tokenizer splits them like any other text (to <unk>
+    pieces where the vocabulary lacks them): said at conversion, with what keeps a word whole."""
+    shutil.copytree(FIXTURES / "v4_folder", tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["never_split"] = ["C++", "<unk>"]  # (a special token needs no note)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        AutoTokenizer.from_pretrained(tmp_path)
+    assert "v4's never_split ['C++'] is not carried over" in caplog.text and "add_tokens" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        AutoTokenizer.from_pretrained(FIXTURES / "v4_folder")
+    assert "never_split" not in caplog.text
+
+
 def test_v4_folder_with_tokenizer_config_matches_vocab_only() -> None:
     with_config = AutoTokenizer.from_pretrained(FIXTURES / "v4_folder")
     vocab_only = AutoTokenizer.from_pretrained(FIXTURES / "v4_vocab_only")

@@ -37,7 +37,7 @@ Parity with v4's `TransfoXLTokenizer` (checked against fixtures recorded with tr
     not applied, nor its finer splitting of some scripts (Han characters next to kana) and marks;
   - settings: a folder without `tokenizer_config.json` takes `lower_case` from the vocabulary file (v4 ignored it
     there and did not lower-case: a vocabulary built lower-cased then mapped every capitalised word to `<unk>`), and
-    v4's `never_split` is not carried over.
+    v4's `never_split` is not carried over (a warning says so at conversion).
 * decoding: words joined by single spaces and WikiText's `@-@ @,@ @.@` undone (`1 @,@ 000` -> `1,000`,
   `role @-@ playing` -> `role-playing`), `<eos>` -> newline. v4 ran Moses' detokenizer instead (no space before
   punctuation, `@-@` left as is): v4 `He said "it was the game" and left.`, here `He said " it was the game " and
@@ -52,16 +52,19 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import trainers as tokenizer_trainers
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging
 
 from ..checkpoints import is_hub_repo_id
 from .legacy_vocab import LegacyVocab, LegacyVocabError, find_legacy_vocab_file, load_legacy_vocab
+
+logger = logging.get_logger(__name__)
 
 __all__ = [
     "DEFAULT_EOS_TOKEN",
@@ -223,6 +226,7 @@ def build_word_level_tokenizer(
     add_eos: bool = False,
     eos_per_line: bool = True,
     moses_rules: bool = True,
+    tokenizer_kwargs: Mapping[str, Any] | None = None,
 ) -> PreTrainedTokenizerFast:
     """A WikiText-style word-level tokenizer whose id `i` is `idx2sym[i]`.
 
@@ -233,7 +237,8 @@ def build_word_level_tokenizer(
     original corpora's encoding, and a prompt without a final newline (`"a b"`) ends without one, as v4's `encode`
     and GPT-2's tokenizer do. `add_eos`: encoding with `add_special_tokens=True` (the default) also ends the last line
     with `eos_token` (the corpora's encoding of one line at a time; a prompt would then read as a finished line).
-    `lower_case` lower-cases everything but special tokens.
+    `lower_case` lower-cases everything but special tokens. `tokenizer_kwargs`: more arguments of
+    `PreTrainedTokenizerFast` (`padding_side`, `pad_token`, ...).
     """
     symbols = list(idx2sym)
     if len(set(symbols)) != len(symbols):
@@ -259,7 +264,13 @@ def build_word_level_tokenizer(
             pair=f"$A:0 {eos_token}:0 $B:1 {eos_token}:1",
             special_tokens=[(eos_token, tokenizer.token_to_id(eos_token))],
         )
-    return _wrap(tokenizer, unk_token=unk_token, eos_token=eos_token, extra_special_tokens=additional_special_tokens)
+    return _wrap(
+        tokenizer,
+        unk_token=unk_token,
+        eos_token=eos_token,
+        extra_special_tokens=additional_special_tokens,
+        **(tokenizer_kwargs or {}),
+    )
 
 
 def _wrap(
@@ -269,8 +280,9 @@ def _wrap(
     eos_token: str | None = None,
     pad_token: str | None = None,
     extra_special_tokens: Sequence[str] = (),
+    **settings: Any,
 ) -> PreTrainedTokenizerFast:
-    kwargs: dict[str, Any] = {"tokenizer_object": tokenizer}
+    kwargs: dict[str, Any] = {"tokenizer_object": tokenizer, **settings}
     for name, token in (("unk_token", unk_token), ("eos_token", eos_token), ("pad_token", pad_token)):
         if token:
             kwargs[name] = token
@@ -304,7 +316,11 @@ def _token_content(value: Any) -> str | None:
 
 
 def tokenizer_from_legacy_vocab(
-    path: str | os.PathLike[str], *, tokenizer_config: dict[str, Any] | None = None, **overrides: Any
+    path: str | os.PathLike[str],
+    *,
+    tokenizer_config: dict[str, Any] | None = None,
+    tokenizer_kwargs: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> PreTrainedTokenizerFast:
     """Build the word-level tokenizer of a transformers-v4 Transformer-XL vocabulary (safely: see `legacy_vocab`).
 
@@ -312,6 +328,8 @@ def tokenizer_from_legacy_vocab(
     vocabulary file. Ids equal v4's `idx2sym` order. Settings, first found wins: `overrides` (`lower_case`,
     `unk_token`, `eos_token`, `additional_special_tokens`, `add_eos`, ...), `tokenizer_config.json`, the
     vocabulary's own fields, v4's defaults (`<unk>`, `<eos>`, additional special token `<formula>`).
+    `tokenizer_kwargs`: transformers' tokenizer arguments (`padding_side`, `pad_token`, ...), as `from_pretrained`
+    takes them.
     """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
@@ -345,6 +363,16 @@ def tokenizer_from_legacy_vocab(
     extra_tokens = [
         token for token in map(_token_content, extra or []) if token and token not in (unk_token, eos_token)
     ]
+    never_split = [
+        token
+        for token in tokenizer_config.get("never_split") or []
+        if isinstance(token, str) and token not in (unk_token, eos_token, *extra_tokens)
+    ]
+    if never_split:
+        logger.warning(
+            f"{folder}: v4's never_split {never_split} is not carried over: those words are split as any other text "
+            "(to <unk> pieces where the vocabulary lacks them). tokenizer.add_tokens(...) keeps a word whole."
+        )
     return build_word_level_tokenizer(
         vocab.idx2sym,
         unk_token=unk_token,
@@ -354,6 +382,7 @@ def tokenizer_from_legacy_vocab(
         add_eos=overrides.get("add_eos", False),
         eos_per_line=overrides.get("eos_per_line", True),
         moses_rules=overrides.get("moses_rules", True),
+        tokenizer_kwargs=tokenizer_kwargs,
     )
 
 
@@ -391,9 +420,39 @@ class TransfoXLTokenizerFast(PreTrainedTokenizerFast):
         if find_legacy_vocab_file(folder) is None:
             raise OSError(f"{folder}: no tokenizer.json, vocab.pkl or vocab.bin")
         accepted = ("lower_case", "unk_token", "eos_token", "additional_special_tokens", "add_eos", "eos_per_line")
-        tokenizer = tokenizer_from_legacy_vocab(folder, **{key: kwargs[key] for key in accepted if key in kwargs})
+        # The rest of transformers' tokenizer arguments (padding_side, pad_token, model_max_length, ...) apply to the
+        # converted tokenizer as to a loaded one (they were dropped, silently: a left padding became right padding).
+        settings = {key: value for key, value in kwargs.items() if key not in accepted and key not in _LOADING_ONLY}
+        tokenizer = tokenizer_from_legacy_vocab(
+            folder, tokenizer_kwargs=settings, **{key: kwargs[key] for key in accepted if key in kwargs}
+        )
         tokenizer.name_or_path = str(pretrained_model_name_or_path)
         return tokenizer
+
+
+# from_pretrained's arguments that say where and how to load, not what the tokenizer does.
+_LOADING_ONLY = frozenset(
+    (
+        "cache_dir",
+        "force_download",
+        "local_files_only",
+        "token",
+        "revision",
+        "trust_remote_code",
+        "proxies",
+        "subfolder",
+        "use_fast",
+        "config",
+        "tokenizer_type",
+        "gguf_file",
+        "user_agent",
+        "use_auth_token",
+        "resume_download",
+        "_commit_hash",
+        "_from_auto",
+        "_from_pipeline",
+    )
+)
 
 
 # JSON files a saved tokenizer folder may hold, all read by transformers when loading it.
