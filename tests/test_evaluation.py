@@ -166,6 +166,12 @@ def test_settings_and_training_flag_restored_when_the_call_raises() -> None:
     with evaluation_settings(model, clamp_len=7, same_length=True, memory_init="empty"):
         assert (model.config.clamp_len, model.config.same_length, model.config.memory_init) == (7, True, "empty")
     assert (model.config.clamp_len, model.config.same_length, model.config.memory_init) == (-1, False, "zeros")
+    # A refused value leaves none of the others set (they stayed on the config, and every later evaluation used them).
+    with pytest.raises(ValueError, match="same_length must be a bool"):
+        evaluate_stream(model, random_stream(97), tgt_len=8, mem_len=16, clamp_len=2, same_length="yes")
+    with pytest.raises(ValueError, match="memory_init must be one of"):
+        evaluation_settings(model, clamp_len=5, same_length=True, memory_init="bad").__enter__()
+    assert (model.config.clamp_len, model.config.same_length, model.config.memory_init) == (-1, False, "zeros")
 
 
 def test_training_flag_restored(lm: TxlForCausalLM) -> None:

@@ -112,6 +112,22 @@ def test_stream_errors_name_the_problem():
         stream.generate(max_new_tokens=2, num_return_sequences=2, do_sample=True)
     with pytest.raises(ValueError, match="manages `past_key_values` itself"):
         stream.generate(max_new_tokens=2, past_key_values=None)
+    with pytest.raises(ValueError, match="use_cache=False would leave it behind"):
+        stream.generate(max_new_tokens=2, use_cache=False)
+
+
+def test_a_model_whose_generation_config_turns_the_cache_off_still_streams():
+    """With generation_config.use_cache False, generate() never updated the memory and the stream lost the pending
+    tokens and all but the last generated one, silently: the stream generates with its memory whatever the config."""
+    model = tiny_lm(mem_len=64)
+    tokens = ids(1, 30)
+    expected = TxlStream(model, segment_len=8).feed(tokens)
+    first = expected.generate(max_new_tokens=4, **GREEDY)
+    model.generation_config.use_cache = False
+    stream = TxlStream(model, segment_len=8).feed(tokens)
+    assert torch.equal(stream.generate(max_new_tokens=4, **GREEDY), first)
+    assert (stream.tokens_seen, stream.memory.seen_tokens) == (expected.tokens_seen, expected.memory.seen_tokens)
+    assert torch.equal(stream.generate(max_new_tokens=4, **GREEDY), expected.generate(max_new_tokens=4, **GREEDY))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

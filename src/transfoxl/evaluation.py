@@ -113,21 +113,20 @@ def evaluation_settings(
     All are read at every forward, so changing them needs no new weights: the paper evaluates with a longer memory,
     `clamp_len` and `same_length` than it trains with.
     """
+    # Every value checked before any is set: a refused one must not leave the others on the model's config.
+    if clamp_len is not None:
+        require_integer(clamp_len, "clamp_len", note=" (<= 0: no clamping)")
+    if same_length is not None and not isinstance(same_length, bool):
+        raise ValueError(f"same_length must be a bool, got {same_length!r}.")
+    if memory_init is not None and memory_init not in MEMORY_INIT_CHOICES:
+        raise ValueError(f"memory_init must be one of {MEMORY_INIT_CHOICES}, got {memory_init!r}.")
     config = model.config
     names = ("clamp_len", "same_length", "memory_init")
     saved = {name: getattr(config, name) for name in names}
-    if clamp_len is not None:
-        require_integer(clamp_len, "clamp_len", note=" (<= 0: no clamping)")
-        config.clamp_len = clamp_len
-    if same_length is not None:
-        if not isinstance(same_length, bool):
-            raise ValueError(f"same_length must be a bool, got {same_length!r}.")
-        config.same_length = same_length
-    if memory_init is not None:
-        if memory_init not in MEMORY_INIT_CHOICES:
-            raise ValueError(f"memory_init must be one of {MEMORY_INIT_CHOICES}, got {memory_init!r}.")
-        config.memory_init = memory_init
     try:
+        for name, value in zip(names, (clamp_len, same_length, memory_init)):
+            if value is not None:
+                setattr(config, name, int(value) if name == "clamp_len" else value)
         yield
     finally:
         for name in names:

@@ -8,15 +8,17 @@ biases, u (content) and v (position). The memory travels between calls as `past_
 
 Shape legend, used in every comment of this file:
     B  batch                    Q  query (segment) length     M  memory length      K = M + Q  key length
-    H  attention heads          D  head width (d_head)        E  hidden width (d_model)
+    H  attention heads          D  head width (d_head)        E  hidden width (d_model)  F  d_inner
     V  vocabulary size          N  number of flattened tokens (B * Q)
+    L  rows of the position table (>= K)                      n_i, d_i  size and width of adaptive cluster i
+    (A product of sizes is written with spaces, `[H, B Q, D]`; `H*D` is the width of the heads side by side.)
 
 Paper objects and their names here (original code / transformers v4 names in brackets):
     u, v (Sec. 3.3)                        -> content_bias, position_bias          [r_w_bias, r_r_bias]
     R (sinusoid of relative distances)     -> sinusoid_positions(...)              [pos_emb]
     W_{k,R}                                -> TxlRelativeAttention.pos_proj        [r_net]
     W_q, W_{k,E}, W_v (fused)              -> TxlRelativeAttention.qkv_proj        [qkv_net]
-    terms (a) + (c) / (b) + (d) of Eq. 3   -> content_score / position_score       [AC / BD]
+    terms (a) + (c) / (b) + (d), Sec. 3.3  -> content_score / position_score       [AC / BD]
     the shift of App. B                    -> relative_shift(...)                  [_rel_shift]
     adaptive input / adaptive softmax      -> TxlAdaptiveEmbedding / TxlAdaptiveLogSoftmax   [word_emb / crit]
 
@@ -38,6 +40,7 @@ import math
 import re
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -119,6 +122,7 @@ def sinusoid_positions(
         distances = distances.clamp(max=clamp_len)
     inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=torch.float32) / d_model))
     angles = torch.outer(distances, inv_freq)  # [K, E/2]
+    # sin and cos as two halves, not interleaved: the original's layout, which trained W_{k,R} weights expect.
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # [K, E]
 
 
@@ -140,8 +144,8 @@ def relative_shift(scores: torch.Tensor) -> torch.Tensor:
 
 def shifted_position_scores(query: torch.Tensor, rel_key: torch.Tensor) -> torch.Tensor:
     """`relative_shift(query @ rel_key^T)` without copying the scores: query `[B, H, Q, D]`, rel_key `[H, K, D]` ->
-    `[B, H, Q, K]`, a strided view (`kernels_txl.shifted_product`: on a 2-core CPU the pad and copy of
-    `relative_shift` cost about as much as the product)."""
+    `[B, H, Q, K]`, a strided view (`kernels_txl.shifted_product`: the pad and copy of `relative_shift` cost about as
+    much as the product itself)."""
     batch, heads, q_len, head_dim = query.shape
     if q_len == 1:  # one query (decoding) is already indexed by key position: no padding, no copy of rel_key
         return query @ rel_key.transpose(-1, -2)
@@ -155,11 +159,9 @@ def causal_memory_mask(
     """`[Q, K]` bool mask, True where query i must not see key j; None when it would hide nothing.
 
     Query i (stream position M + i) sees the memory and the current segment up to itself (j <= M + i). With
-    `same_length`, every query sees the same number of keys as the last one: keys further back than that are hidden
-    too (the rule of the original code, which measures the window with the configured `max_mem_len`: a query sees
-    itself and the `max_mem_len - 1` positions before it once the stream is that long). Without a memory
-    (`max_mem_len` 0) that window would hold no key at all (the original's softmax gave NaN, v4's a uniform weight
-    over every key, the future's included): a segment is then read as a plain causal Transformer reads it.
+    `same_length` (the original code's evaluation setting; not in the paper) every query sees the same number of
+    keys: itself and the `max_mem_len - 1` positions before it, once the stream is that long. Without a memory
+    (`max_mem_len` 0) that window would be empty (docs/legacy.md): the segment is then read causally.
     """
     same_length = same_length and max_mem_len > 0
     k_len = mem_len_now + q_len
@@ -169,12 +171,11 @@ def causal_memory_mask(
     future = torch.triu(ones, diagonal=1 + mem_len_now)
     if not same_length:
         return future
-    # Hidden: keys at or before query i - shift. (sym_max: no branch on the lengths, which a graph exported with
-    # dynamic lengths would fix at the traced one, and ONNX would then apply to every other length without a check.
-    # torch.jit.trace gives lengths as tensors, which sym_max does not take: its graphs have fixed shapes anyway.)
+    # Hidden too: keys at or before query i - (Q - excess). sym_max, not a branch: an exported graph keeps the
+    # lengths symbolic (a branch fixes them at the traced ones); torch.jit.trace's lengths are tensors instead.
     excess = k_len - max_mem_len
-    shift = q_len - (max(excess, 0) if isinstance(excess, torch.Tensor) else torch.sym_max(excess, 0))
-    return future | torch.tril(ones, diagonal=-shift)
+    excess = max(excess, 0) if isinstance(excess, torch.Tensor) else torch.sym_max(excess, 0)
+    return future | torch.tril(ones, diagonal=excess - q_len)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -193,7 +194,11 @@ def eager_relative_attention(
     scaling: float,
     dropout: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Relative multi-head attention, Eq. 3 of the paper, term by term.
+    """Relative multi-head attention, the four terms of Sec. 3.3 of the paper.
+
+    The paper's score of query i and key j: (a) q_i k_j + (b) q_i W_{k,R} R_{i-j} + (c) u k_j + (d) v W_{k,R} R_{i-j}.
+    (a) + (c) = (q_i + u) k_j and (b) + (d) = (q_i + v) W_{k,R} R_{i-j}: two products give all four. The sum is
+    scaled by 1/sqrt(D) as in the original code (the paper's formula has no scaling).
 
     query `[B, H, Q, D]`; key, value `[B, H, K, D]`; rel_key `[H, K, D]` (W_{k,R} R, row r = distance K-1-r);
     content_bias, position_bias `[H, D]` (u, v); mask `[Q, K]` or `[B, 1, Q, K]` bool, True = hidden, or None.
@@ -263,7 +268,7 @@ def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
 def _compiled_float32(tensors) -> bool:
     """Whether every tensor (None allowed) is what the compiled CPU operators take: float32, on the CPU, contiguous."""
     float32 = torch.float32
-    for tensor in tensors:  # (a loop, not all() over a generator: some 250 tensors a decoded token)
+    for tensor in tensors:  # (a loop, not all() over a generator: every tensor of a decoded token comes here)
         if tensor is not None and not (tensor.dtype is float32 and tensor.is_cpu and tensor.is_contiguous()):
             return False
     return True
@@ -296,7 +301,7 @@ def _is_unhooked(module: nn.Module, kind: type[nn.Module]) -> bool:
     """`_is_bare` without the global hooks (asked once for many modules)."""
     if type(module) is not kind or kind.forward is not _PLAIN_FORWARDS[kind]:
         return False
-    # (from the instance's dict: attribute lookups cost as much again, for a check made some 160 times a token)
+    # (from the instance's dict: attribute lookups would cost as much again, for a check made per module and token)
     state = module.__dict__
     return not (
         state["_forward_hooks"]
@@ -329,7 +334,7 @@ def _is_plain_linear(module: nn.Module) -> bool:
 
 def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     """`module(inputs)` for a linear layer. A bare `nn.Linear` is computed by `_linear` without the module call, whose
-    machinery costs a few microseconds that count when decoding a token; adapters, hooks and everything else keep
+    machinery costs time that counts when decoding a token; adapters, hooks and everything else keep
     the module call."""
     if _is_bare_linear(module):
         return _linear(inputs, module.weight, module.bias)
@@ -451,6 +456,15 @@ def _memory_kept_on_error(forward):
     return kept_on_error
 
 
+class KeptPositionTable(NamedTuple):
+    """A layer's W_{k,R} R for the model's whole position table, kept across calls in inference."""
+
+    key: tuple  # the weight's identity, storage and version, and the autocast dtype it was made under
+    table: torch.Tensor  # the model's position table `[L, E]` it was projected from
+    projected: torch.Tensor  # `[H, L, D]`
+    weight_sample: torch.Tensor  # `_weight_sample` of the weight then (edits that bump no version change it)
+
+
 class TxlRelativeAttention(nn.Module):
     """Multi-head attention over `[memory; segment]` with relative positions, plus its residual and layer norm."""
 
@@ -470,7 +484,7 @@ class TxlRelativeAttention(nn.Module):
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
-        self._position_table: tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # _relative_keys
+        self._position_table: KeptPositionTable | None = None  # _relative_keys
         # Results kept across inference calls are keyed on the weights (the objects themselves, their storage and
         # version), and on this count of training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py
         # builds it) update parameters in place without bumping their version, so a training forward or `train()`
@@ -549,7 +563,7 @@ class TxlRelativeAttention(nn.Module):
         weight = self.pos_proj.weight
         # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
         # cannot be compared with the kept one.)
-        sample = kept[3]
+        sample = kept.weight_sample
         if (
             sample.device != weight.device
             or sample.dtype != weight.dtype
@@ -577,11 +591,13 @@ class TxlRelativeAttention(nn.Module):
         except RuntimeError:  # (made under torch.inference_mode(): no version to tell an edit by, nothing kept)
             return pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
         cached = self._position_table
-        if cached is None or cached[0] != key or cached[1] is not table:
+        if cached is None or cached.key != key or cached.table is not table:
             projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
             # [H, L, D], heads apart
-            cached = self._position_table = (key, table, projected.contiguous(), _weight_sample(weight))
-        projected = cached[2]
+            cached = self._position_table = KeptPositionTable(
+                key, table, projected.contiguous(), _weight_sample(weight)
+            )
+        projected = cached.projected
         return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
 
     def forward(
@@ -619,7 +635,7 @@ class TxlRelativeAttention(nn.Module):
         sliced = (
             not kept and hidden_memory is not None and hidden_memory.shape[1] > 0 and _is_plain_linear(self.qkv_proj)
         )
-        stop_gradient = (
+        use_memory_linear = (
             sliced
             and not self.pre_lnorm
             and implementation != "eager"
@@ -627,7 +643,9 @@ class TxlRelativeAttention(nn.Module):
         )
         if kept or hidden_memory is None:  # kept: the memory's keys and values are there, only the segment is new
             context = hidden_states  # [B, Q, E]
-        elif not stop_gradient:  # project [memory; segment], as in the paper
+        elif not use_memory_linear:
+            # Project [memory; segment], the paper's concatenation (Sec. 3.2); the memory's states are stored
+            # detached (its stop-gradient SG: TxlMemoryLayer.update in memory_txl.py).
             context = torch.cat([hidden_memory, hidden_states], dim=1)  # [B, K, E]
         if self.pre_lnorm:
             context = _layer_norm(self.layer_norm, context)
@@ -639,7 +657,7 @@ class TxlRelativeAttention(nn.Module):
             segment = context[:, -q_len:] if self.pre_lnorm else hidden_states
             query = F.linear(segment, self.qkv_proj.weight[:inner])  # [B, Q, H*D]
             query = query.view(batch, q_len, self.n_head, self.d_head).transpose(1, 2)  # [B, H, Q, D]
-            if stop_gradient:
+            if use_memory_linear:
                 key_value = memory_linear(hidden_memory, hidden_states, self.qkv_proj.weight[inner:])
             else:
                 key_value = F.linear(context, self.qkv_proj.weight[inner:])  # [B, K, 2 H*D]
@@ -659,7 +677,8 @@ class TxlRelativeAttention(nn.Module):
         # The one place where the computation path is chosen: eager (the readable reference, and the only one that
         # returns probabilities), CPU training (the compiled forward where it is built, with the torch kernel's
         # backward, else the torch kernel), decoding's one-query path, CPU inference's compiled kernel
-        # (cpp_kernels_txl.py) or query blocks, or SDPA.
+        # (cpp_kernels_txl.py) or query blocks, or SDPA. (Decoding a token at batch 1 does not come here: TxlModel's
+        # `_decode_token` or the layer's `_decode_one_row` run the whole layer in one compiled call.)
         dropout = self.config.dropatt if self.training else 0.0
         arguments = (query, key, value, rel_key, content_bias, position_bias, mask)
         attn_weights = None
@@ -820,9 +839,9 @@ class TxlLayer(GradientCheckpointingLayer):
         weights and biases, its norm weight and bias: `decode_layers`' order after the memory's), its scaling and the
         two norms' eps, and pre_lnorm; None where the step does not apply. `content_bias`, `position_bias`: the
         model's shared u and v, or None for the attention's own (untie_r). `sdpa_config`: a config the caller has
-        seen ask for sdpa (read once for all layers: a config attribute costs a microsecond or two), or None."""
+        seen ask for sdpa (read once for all layers: config attributes are slow to read), or None."""
         # The sub-modules and parameters from their registries: what attribute access returns for them, without
-        # nn.Module.__getattr__'s fallback (half a microsecond each, about thirty per layer and token); each read
+        # nn.Module.__getattr__'s fallback (paid for each of them, per layer and token); each read
         # only once its module is known to be the model's own kind (an adapter has other children and parameters).
         attention, ffn = self._modules["attention"], self._modules["ffn"]
         if (
@@ -932,7 +951,7 @@ class TxlAdaptiveEmbedding(nn.Module):
         bf16 / fp16, and the whole residual stream after it, where a plain embedding's keeps the weights' dtype (and
         a memory made under autocast could then not be continued outside it)."""
         embeddings = self._embed(input_ids)
-        if autocast_on(input_ids.device.type):  # (a dtype lookup costs a few microseconds a token)
+        if autocast_on(input_ids.device.type):  # (else a dtype lookup for every token)
             embeddings = embeddings.to(self.embeddings[0].weight.dtype)
         return embeddings
 
@@ -1460,9 +1479,9 @@ class TxlModel(TxlPreTrainedModel):
     ) -> torch.Tensor | None:
         """Every layer for one token at batch 1 in one call of the compiled `decode_layers`, where each layer would
         take its fused step (`TxlLayer._decode_one_row`) and none is hooked: the same values without a call, its
-        Python and its parallel region per layer (about a third of a small model's decoding step). The kernel writes
-        each layer's input, key and value into the memory, as the layer loop's updates would. `hidden_states`
-        `[1, 1, E]` -> `[1, 1, E]`; None where that does not apply (nothing changed then)."""
+        Python and its parallel region per layer (a large share of a small model's decoding step). The kernel
+        writes each layer's input, key and value into the memory, as the layer loop's updates would.
+        `hidden_states` `[1, 1, E]` -> `[1, 1, E]`; None where that does not apply (nothing changed then)."""
         if (operators := _one_row_decoding(hidden_states, mask)) is None:
             return None
         shared_biases = (None, None) if untie_r else (self.content_bias, self.position_bias)
@@ -1576,7 +1595,7 @@ class TxlModel(TxlPreTrainedModel):
             memory.update_tokens(input_ids, batch=batch, q_len=q_len, device=inputs_embeds.device)
         layer_inputs, attentions = [], []
         memory_layers = memory.layers if memory is not None else [None] * len(self.layers)
-        untie_r = self.config.untie_r  # read once: a config attribute costs a microsecond or two, per layer and token
+        untie_r = self.config.untie_r  # read once: config attributes are slow to read, per layer and token
         if (
             keep_projections
             and hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1

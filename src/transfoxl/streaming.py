@@ -109,6 +109,10 @@ class TxlStream:
         for name in ("input_ids", "past_key_values", "cache", "attention_mask"):
             if name in generate_kwargs:
                 raise ValueError(f"TxlStream.generate manages `{name}` itself; pass the prompt as `prompt`.")
+        if generate_kwargs.get("use_cache") is False:
+            raise ValueError("TxlStream.generate continues its memory: use_cache=False would leave it behind.")
+        # (use_cache=True whatever the generation config says: without the memory, the stream would lose the tokens)
+        generate_kwargs["use_cache"] = True
         in_place = generate_kwargs.get("num_beams", getattr(settings, "num_beams", 1) or 1) == 1
         # Beam search leaves the memory holding its running beams, so it works on a copy and the stream then feeds
         # the chosen tokens into its own memory.
