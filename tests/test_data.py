@@ -463,6 +463,25 @@ def test_tokenize_corpus_char_level_round_trip(builtin_dataset: datasets.Dataset
     assert tokenize_corpus(small, tokenizer, add_eos=False)["train"]._fingerprint != tokenized["train"]._fingerprint
 
 
+def test_a_tokenizer_marking_word_starts_ends_lines_with_the_newline_alone() -> None:
+    """SentencePiece-style tokenizers (Metaspace: `▁` starts a word) encode "\\n" alone as `▁ \\n`: every line gained
+    a word-start token (one more token a line, another perplexity). The line end is the newline read after a word."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=40, special_tokens=["<unk>"], initial_alphabet=["\n"])
+    backend.train_from_iterator(["the cat\nsat on\n"] * 10, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    assert len(tokenizer("\n", add_special_tokens=False)["input_ids"]) == 2  # (the case: a word start, then "\n")
+    assert line_end_ids(tokenizer) == [tokenizer.convert_tokens_to_ids("\n")]
+    dataset = datasets.Dataset.from_dict({"text": ["the cat", "sat on"]})
+    stream = flatten_token_ids(tokenize_corpus(dataset, tokenizer))
+    per_line = [tokenizer(line, add_special_tokens=False)["input_ids"] for line in dataset["text"]]
+    assert len(stream) == sum(len(ids) + 1 for ids in per_line)
+
+
 def test_tokenize_corpus_word_level_ends_lines_with_eos(tmp_path: Path) -> None:
     # Hub wikitext rows keep their newline; blank rows are blank lines: both give one <eos>, as in the TXL corpora.
     dataset = datasets.Dataset.from_dict({"text": [" = Title = \n", "", "the cat sat\n", "the dog"]})

@@ -9,6 +9,7 @@ import contextlib
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -347,6 +348,21 @@ def test_legacy_mems_round_trip():
     torch.testing.assert_close(
         model(follow, past_key_values=rebuilt).logits, model(follow, past_key_values=memory).logits, rtol=0, atol=0
     )
+
+
+def test_legacy_mems_say_what_they_cannot_carry(caplog):
+    """v4's mems have no padding flags: a memory with padding is warned on the way out (the rebuilt one attended to
+    those positions, silently). A numpy integer is a length like any other."""
+    model = tiny_lm()
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[0, :2] = 0
+    padded = model(covering_ids(model.config.vocab_size, batch=2, length=5), attention_mask=mask).past_key_values
+    with caplog.at_level("WARNING"):
+        model(covering_ids(model.config.vocab_size, batch=2, length=5)).past_key_values.to_legacy()
+        assert "holds padding" not in caplog.text
+        padded.to_legacy()
+    assert "the memory holds padding, which v4's mems cannot mark" in caplog.text
+    assert TxlMemory(num_layers=np.int64(2), mem_len=np.int64(8)).mem_len == 8
 
 
 def test_reset_starts_a_new_stream():

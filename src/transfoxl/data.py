@@ -370,9 +370,16 @@ def line_end_ids(tokenizer: Any) -> list[int]:
     Character-level (`train_char_level` on text with newlines) and byte-level BPE tokenizers encode `"\\n"` as a
     token: the stream then is exactly the text, newlines included, and decodes back to it. Word-level tokenizers
     (`train_word_level`, v4 vocabularies) encode `"\\n"` as nothing: each line then ends with `<eos>`, as in the
-    original Transformer-XL corpora. Raises `ValueError` when the tokenizer has neither.
+    original Transformer-XL corpora. Raises `ValueError` when the tokenizer has neither. The newline is read after
+    a word, as it ends a line: a tokenizer that marks the start of words (SentencePiece's `▁`, Metaspace) encodes
+    `"\\n"` alone with a word-start token before it, which every line would otherwise gain.
     """
-    newline = list(tokenizer("\n", add_special_tokens=False)["input_ids"])
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    word, line = encode("a"), encode("a\n")
+    newline = line[len(word) :] if line[: len(word)] == word else encode("\n")
     unk = getattr(tokenizer, "unk_token_id", None)
     if newline and unk not in newline:
         return newline

@@ -12,6 +12,7 @@ This file imports torch and transformers alone: `save_pretrained` copies it into
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.utils import logging
 
 if TYPE_CHECKING:
     from .configuration_txl import TxlConfig
+
+logger = logging.get_logger(__name__)
 
 
 class SlidingWindow:
@@ -360,11 +364,15 @@ class TxlMemory(Cache):
     """
 
     def __init__(self, num_layers: int, mem_len: int) -> None:
-        integers = all(isinstance(value, int) and not isinstance(value, bool) for value in (num_layers, mem_len))
+        # (numbers.Integral: numpy's integers too, which a config or an argument read from an array may hold)
+        integers = all(
+            isinstance(value, numbers.Integral) and not isinstance(value, bool) for value in (num_layers, mem_len)
+        )
         if not integers or num_layers < 1 or mem_len < 0:
             raise ValueError(
                 f"TxlMemory needs integers num_layers >= 1 and mem_len >= 0, got {num_layers!r} and {mem_len!r}."
             )
+        num_layers, mem_len = int(num_layers), int(mem_len)
         super().__init__(layers=[TxlMemoryLayer(mem_len) for _ in range(num_layers)])
         self.mem_len = mem_len
         self._padding = SlidingWindow(dim=1, max_len=mem_len)  # [B, M] bool, True = padding
@@ -391,7 +399,11 @@ class TxlMemory(Cache):
 
     @classmethod
     def from_legacy(cls, mems: Sequence[torch.Tensor], mem_len: int | None = None) -> TxlMemory:
-        """Build a memory from v4's `mems`: one `[M, B, E]` tensor per layer (sequence first)."""
+        """Build a memory from v4's `mems`: one `[M, B, E]` tensor per layer (sequence first).
+
+        `mem_len`: the most positions it keeps; by default the M it is given, right for v4's mems (always `mem_len`
+        long: v4 started from zeros). Pass the model's `config.mem_len` for mems that are not full yet (`to_legacy`
+        of a memory that has seen fewer tokens), or the memory would stay that short."""
         if not mems:
             raise ValueError("TxlMemory.from_legacy: `mems` is empty; pass one [M, B, E] tensor per layer.")
         shapes = {tuple(mem.shape) for mem in mems}
@@ -405,9 +417,15 @@ class TxlMemory(Cache):
         return memory
 
     def to_legacy(self) -> list[torch.Tensor] | None:
-        """v4's `mems`: one `[M, B, E]` tensor per layer, or `None` while the memory is empty."""
+        """v4's `mems`: one `[M, B, E]` tensor per layer, or `None` while the memory is empty. v4's mems have no
+        padding flags: a memory rebuilt from them attends to positions that were padding (warned)."""
         if self.get_seq_length() == 0:
             return None
+        if self.padding is not None and bool(self.padding.any()):
+            logger.warning(
+                "TxlMemory.to_legacy: the memory holds padding, which v4's mems cannot mark; a memory rebuilt from "
+                "them (TxlMemory.from_legacy) attends to those positions."
+            )
         return [layer.hidden.transpose(0, 1).contiguous() for layer in self.layers]
 
     def get_memory(self, layer_idx: int) -> torch.Tensor | None:
