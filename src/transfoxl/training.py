@@ -466,7 +466,13 @@ def fine_tuning_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
 
     Refuses a tokenizer of more tokens than the model has ids (`vocab_size`: the tokenizer's size)."""
     source = args.model_name_or_path
-    config = AutoConfig.from_pretrained(source)
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as error:  # (checked at parse time; a resumed run's base may have gone since)
+        raise SystemExit(
+            f"--model-name-or-path {source}: cannot read its config.json ({error}). A fine-tuning run needs its base "
+            "model where it was when the run started (also to --resume): put it back, or start a new run."
+        ) from None
     if vocab_size > config.vocab_size:
         raise SystemExit(
             f"The tokenizer {args.tokenizer} has {vocab_size} tokens, but --model-name-or-path {source} only "
@@ -699,8 +705,14 @@ def sample_text(
     stream = TxlStream(model, segment_len=args.eval_tgt_len, mem_len=mem_len)
     stream.feed(context[None])
     torch.manual_seed(args.seed)
+    # (eos_token_id None: a converted word-level model ends every line with its eos token, and the sample is a text
+    # of several lines, as a new run's, whose config has none)
     new_ids = stream.generate(
-        max_new_tokens=args.sample_len, do_sample=True, top_k=SAMPLE_TOP_K, temperature=SAMPLE_TEMPERATURE
+        max_new_tokens=args.sample_len,
+        do_sample=True,
+        top_k=SAMPLE_TOP_K,
+        temperature=SAMPLE_TEMPERATURE,
+        eos_token_id=None,
     )
     return tokenizer.decode(context[-200:].tolist()), tokenizer.decode(new_ids[0].tolist())
 

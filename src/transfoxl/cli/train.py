@@ -157,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--pre-lnorm", action=argparse.BooleanOptionalAction, default=None)
     model.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
 
-    train = parser.add_argument_group("training (defaults from the preset where shown as None)")
+    train = parser.add_argument_group(
+        "training (defaults from the preset where shown as None; when fine-tuning, the lengths from the model and "
+        f"the rest from {DEFAULT_PRESET}: set --lr for a model pre-trained at a lower rate)"
+    )
     train.add_argument("--tgt-len", type=int, default=None, help="segment length in tokens")
     train.add_argument("--mem-len", type=int, default=None, help="memory length in training (0: none)")
     train.add_argument("--batch-size", type=int, default=None, help="global batch: contiguous columns of the stream")
@@ -226,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-mem-len",
         type=int,
         default=None,
-        help="final evaluation memory length (default: 4 x a given --mem-len, else the preset's)",
+        help="final evaluation memory length (default: 4 x a given --mem-len, else the preset's; when fine-tuning, "
+        "the model's mem_len)",
     )
     evaluation.add_argument("--eval-clamp-len", type=int, default=None, help="final evaluation clamp_len")
     evaluation.add_argument("--eval-same-length", action=argparse.BooleanOptionalAction, default=None)
