@@ -909,6 +909,17 @@ def test_fine_tuning_needs_a_transformer_xl_model(tmp_path, capsys):
     assert f"--model-name-or-path {other}: expected a Transformer-XL model" in error and "model_type 'gpt2'" in error
 
 
+def test_fine_tuning_a_hub_id_not_in_the_offline_cache_says_so(tmp_path, capsys, monkeypatch):
+    """Offline, transformers' message for a Hub id it cannot find asks to check the internet connection."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(SystemExit):
+        train_cli.parse_args(["--model-name-or-path", "someorg/no-such-model"])
+    error = capsys.readouterr().err
+    assert "offline (HF_HUB_OFFLINE): not a folder, and not in the local Hub cache" in error
+    assert "internet" not in error
+
+
 def test_fine_tuning_a_hub_model_from_the_offline_cache(converted_model, word_files, tmp_path, monkeypatch):
     """A Hub id resolves through the local cache with HF_HUB_OFFLINE=1, model and tokenizer alike."""
     commit = "0123456789abcdef0123456789abcdef01234567"
