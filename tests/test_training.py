@@ -911,8 +911,9 @@ def test_fine_tuning_needs_a_transformer_xl_model(tmp_path, capsys):
 
 def test_fine_tuning_a_hub_id_not_in_the_offline_cache_says_so(tmp_path, capsys, monkeypatch):
     """Offline, transformers' message for a Hub id it cannot find asks to check the internet connection."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # huggingface_hub reads HF_HUB_OFFLINE / HF_HOME once at import: patch what it read.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(SystemExit):
         train_cli.parse_args(["--model-name-or-path", "someorg/no-such-model"])
     error = capsys.readouterr().err
