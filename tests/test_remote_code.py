@@ -96,3 +96,55 @@ def test_a_model_loaded_from_a_legacy_folder_saves_a_folder_remote_code_loads(tm
     assert saved["model_type"] == "txl" and saved["auto_map"]["AutoConfig"] == "configuration_txl.TxlConfig"
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     assert_remote_code_reproduces(model, folder, ids, tmp_path)
+
+
+# Runs in a fresh interpreter where the package is importable (installed) but not imported: loading folders with
+# remote code must run each folder's own files.
+TWO_FOLDERS = textwrap.dedent(
+    """
+    import json, sys
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    marks = []
+    for folder in sys.argv[1:]:
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        module = sys.modules[type(model).__module__]
+        marks.append([getattr(module, "FOLDER_MARK", None), type(model).__module__, type(config).__module__])
+    print(json.dumps({"marks": marks, "package_imported": "transfoxl" in sys.modules}))
+    """
+)
+
+
+def test_each_folder_runs_its_own_code_where_the_package_is_installed(tmp_path):
+    """Two folders of one name (`model`) whose model files differ, loaded in one process where the package is
+    installed: each runs its own files. The remote code imported the installed package to check its loading, which
+    registered the package's classes with the Auto classes (later loads ran them instead); and the config's module,
+    named after the folder and its own files, was shared, so the second folder ran the first one's model code."""
+    model = tiny_lm()
+    folders = [tmp_path / "a" / "model", tmp_path / "b" / "model"]
+    for mark, folder in zip(("a", "b"), folders):
+        model.save_pretrained(folder)
+        with (folder / "modeling_txl.py").open("a", encoding="utf-8") as file:
+            file.write(f"\nFOLDER_MARK = {mark!r}\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
+    result = run_fresh_python(TWO_FOLDERS, *(str(folder) for folder in [*folders, folders[0]]), cwd=tmp_path, env=env)
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not outcome["package_imported"]
+    assert [mark for mark, _, _ in outcome["marks"]] == ["a", "b", "a"]
+    assert all(module.startswith("transformers_modules") for _, *modules in outcome["marks"] for module in modules)
+
+
+def test_a_model_folders_code_under_transformers_4_says_what_it_needs(monkeypatch):
+    """transformers 4 loading a saved folder's code failed with `cannot import name 'PreTrainedConfig'`."""
+    import importlib.util
+
+    import pytest
+    import transformers
+
+    from transfoxl import configuration_txl
+
+    monkeypatch.setattr(transformers, "__version__", "4.37.2")
+    spec = importlib.util.spec_from_file_location("folder_configuration_txl", configuration_txl.__file__)
+    with pytest.raises(ImportError, match=r"needs transformers 5 \(installed: 4\.37\.2\); pip install -U"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

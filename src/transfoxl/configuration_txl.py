@@ -16,12 +16,26 @@ from __future__ import annotations
 import inspect
 from dataclasses import field
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import transformers
+
+if int(transformers.__version__.split(".")[0]) < 5:  # (a model folder's copy of this file, loaded by transformers 4)
+    raise ImportError(
+        f"This Transformer-XL code needs transformers 5 (installed: {transformers.__version__}); "
+        "pip install -U 'transformers>=5.23'."
+    )
 
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
 from .checks_txl import is_flag, is_integer, is_positive_number, require_integer
+
+if TYPE_CHECKING:
+    # Never imported at run time. transformers names a local folder's remote-code module after the folder's name and
+    # a hash of the file and its relative imports: through this line the config's hash covers the model's files too,
+    # so two folders of one name whose model code differs (a checkpoint-N, say) each get their own classes.
+    from .modeling_txl import TxlPreTrainedModel  # noqa: F401
 
 logger = logging.get_logger(__name__)
 

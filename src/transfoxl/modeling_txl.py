@@ -1230,7 +1230,14 @@ class TxlPreTrainedModel(PreTrainedModel):
                 "weights_only=False is refused: a pickled checkpoint could run arbitrary code. Checkpoints load "
                 "with weights_only=True (tensors only); convert anything else to safetensors first."
             )
-        try:  # clear errors for missing, corrupt or ill-fitting files; absent as remote code without the package
+        # The package's checked loading (clear errors for missing, corrupt or ill-fitting files) for its own classes
+        # only: a remote-code copy importing an installed `transfoxl` would register the package's classes with the
+        # Auto classes, and later loads of the repository would run the installed code instead of its own.
+        # (Absolute, in a try: transformers copies a file's relative imports into model folders and requires the
+        # packages of its other imports, outside try blocks, to be installed.)
+        if __name__ != "transfoxl.modeling_txl":
+            return super().from_pretrained(*args, **kwargs)
+        try:
             from transfoxl.checkpoints import load_checked
         except ImportError:
             return super().from_pretrained(*args, **kwargs)
