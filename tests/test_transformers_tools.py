@@ -404,6 +404,12 @@ def test_a_mask_of_the_whole_stream_is_taken_where_it_agrees_with_the_memory():
         disagreeing[1, 0] = 0  # row 1 had no padding
         with pytest.raises(ValueError, match=r"pass the mask of the new tokens only"):
             model(token, past_key_values=copy.deepcopy(memory), attention_mask=disagreeing)
+        classifier = TxlForSequenceClassification(tiny_config(num_labels=3, pad_token_id=0, mem_len=16)).eval()
+        held = classifier(prompt, attention_mask=mask).past_key_values  # (pools the new tokens' columns too)
+        torch.testing.assert_close(
+            classifier(token, past_key_values=copy.deepcopy(held), attention_mask=whole).logits,
+            classifier(token, past_key_values=copy.deepcopy(held), attention_mask=torch.ones(2, 1)).logits,
+        )
         for negative in (None, random_ids(2, 3, seed=7)):
             settings = {"guidance_scale": 1.5, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
             guided = model.generate(prompt, negative_prompt_ids=negative, **settings)

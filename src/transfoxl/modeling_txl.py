@@ -1977,7 +1977,8 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         pad_token_id = self.config.pad_token_id
         not_pad = None  # [B, Q], where the positions are not padding
         if attention_mask is not None:  # (before the pad id: a tokenizer may pad with another id, or a text hold it)
-            not_pad = attention_mask != 0
+            # (the new tokens' columns: a mask of the whole stream so far is taken with a memory, `_new_tokens_mask`)
+            not_pad = attention_mask[:, attention_mask.shape[1] - logits.shape[1] :] != 0
         elif input_ids is not None and pad_token_id is not None:
             not_pad = input_ids != pad_token_id
         if not_pad is None:
