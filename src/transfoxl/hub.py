@@ -560,6 +560,14 @@ def offline_mode() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or now
 
 
+def loading_failure(error: BaseException, name: str | os.PathLike[str]) -> str:
+    """Why a model or tokenizer `name` could not be loaded, in one line: transformers' first line, or, offline and
+    not a local path, that it is not in the local Hub cache (transformers' own message asks to check the internet)."""
+    if offline_mode() and not Path(name).expanduser().exists():
+        return "offline (HF_HUB_OFFLINE): not a folder, and not in the local Hub cache"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def resolve_token(given: str | None) -> str:
     """`given` (--token), else huggingface_hub's `get_token()`: HF_TOKEN, else the token `hf auth login` stored."""
     try:

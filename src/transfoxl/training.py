@@ -84,7 +84,7 @@ from .data import (
 )
 from .evaluation import StreamEvaluation, evaluate_stream, is_character_level
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
-from .hub import offline_mode
+from .hub import loading_failure
 from .modeling_txl import TxlForCausalLM, TxlMemory
 from .presets import PRESETS, config_from_preset
 from .runs import RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
@@ -270,10 +270,8 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
     try:
         return AutoTokenizer.from_pretrained(args.tokenizer)
     except (OSError, ValueError) as failure:
-        error = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
+        error = loading_failure(failure, args.tokenizer)
         if args.tokenizer != args.model_name_or_path:
-            if offline_mode():  # transformers' own message asks to check the internet connection
-                error = "offline (HF_HUB_OFFLINE): not a folder, and not in the local Hub cache"
             raise SystemExit(
                 f"--tokenizer {args.tokenizer}: not one of {', '.join(TOKENIZER_KINDS)}, and no tokenizer could be "
                 f"loaded from a folder or Hub id of that name ({error})"
@@ -346,14 +344,14 @@ def load_data(
         raise SystemExit(f"Cannot load the data: {error}") from None
     share = unknown_share(streams["train"], tokenizer)
     if share > UNKNOWN_SHARE_WARNING and state.is_main_process:  # a fine-tuned model's vocabulary, another text
-        limits = [f"--vocab-size {args.vocab_size}"] if getattr(args, "vocab_size", None) else []
-        limits += [f"--min-freq {args.min_freq}"] if getattr(args, "min_freq", 1) > 1 else []
         if getattr(args, "model_name_or_path", None):
             advice = (
                 "A fine-tuned model keeps its tokenizer: clean the text of what it does not know, or train a new "
                 "model on it."
             )
         elif args.tokenizer in TOKENIZER_KINDS:  # (trained on this very text: its limits left the rest out)
+            limits = [f"--vocab-size {args.vocab_size}"] if args.vocab_size else []
+            limits += [f"--min-freq {args.min_freq}"] if args.min_freq > 1 else []
             advice = (
                 f"The tokenizer trained here keeps only part of this text's {args.tokenizer} vocabulary "
                 f"({', '.join(limits) or 'its limits'}): raise --vocab-size or lower --min-freq (--tokenizer bpe "

@@ -42,7 +42,7 @@ from ..checkpoints import is_hub_repo_id
 from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
-from ..hub import offline_mode
+from ..hub import loading_failure
 from ..presets import PRESETS
 from ..runs import TRAIN_ARGS, RunFolderError, complete_checkpoints, read_json_object
 from .options import add_corpus_options, library_progress_bars, name_argument, path_argument, program_name
@@ -575,12 +575,9 @@ def check_fine_tuning_options(parser: argparse.ArgumentParser, args: argparse.Na
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path)
     except (OSError, ValueError) as error:
-        reason = str(error)
-        if offline_mode() and not Path(source).expanduser().exists():  # (transformers' message: "check your internet")
-            reason = "offline (HF_HUB_OFFLINE): not a folder, and not in the local Hub cache"
         parser.error(
             f"--model-name-or-path {source}: expected a saved model, a folder with its config.json or a Hub id in "
-            f"the local cache (HF_HUB_OFFLINE=1) or on the Hub ({reason})"
+            f"the local cache (HF_HUB_OFFLINE=1) or on the Hub ({loading_failure(error, source)})"
         )
     if not isinstance(config, TxlConfig):
         parser.error(
