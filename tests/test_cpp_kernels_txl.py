@@ -4,6 +4,7 @@ built or is turned off."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import subprocess
@@ -300,6 +301,57 @@ def test_training_with_dropout_gives_the_same_losses_with_the_kernel_and_without
     compiled = losses()
     monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
     torch.testing.assert_close(losses(), compiled, rtol=1e-5, atol=0)
+
+
+def test_decode_layers_takes_the_memory_s_windows_by_offsets_as_by_views(kernel):
+    """`decode_layers` with offsets (the memory's whole buffers, where each window starts, the whole position table)
+    computes and writes what it does given the windows as views; offsets outside a buffer are refused."""
+    torch.manual_seed(0)
+    E, H, D, F, N, K, L = 16, 2, 8, 32, 10, 5, 7
+    firsts = [(2, 3, 1), (4, 0, 5)]  # per layer: its input's, key's and value's window start in its buffer
+
+    def layer_tensors() -> list[torch.Tensor]:
+        return [
+            torch.randn(1, N, E),  # the layer inputs' buffer
+            torch.randn(3 * H * D, E),
+            torch.randn(1, H, N, D),  # keys
+            torch.randn(1, H, N, D),  # values
+            torch.randn(H, L, D),  # the position table
+            *(torch.randn(H, D) for _ in range(2)),
+            torch.randn(E, H * D),
+            *(torch.randn(E) for _ in range(3)),
+            torch.randn(F, E),
+            torch.randn(F),
+            torch.randn(E, F),
+            *(torch.randn(E) for _ in range(3)),
+        ]
+
+    layers = [layer_tensors() for _ in firsts]
+    hidden, scalars = torch.randn(E), [D**-0.5, 1e-5, 1e-5] * len(firsts)
+    by_views, by_offsets = copy.deepcopy(layers), copy.deepcopy(layers)
+    views = []
+    for tensors, (input_first, key_first, value_first) in zip(by_views, firsts):
+        views += (
+            tensors[0].narrow(1, input_first, K),
+            tensors[1],
+            tensors[2].narrow(2, key_first, K),
+            tensors[3].narrow(2, value_first, K),
+            tensors[4].narrow(1, L - K, K),
+            *tensors[5:],
+        )
+    expected = kernel.decode_layers(hidden, views, None, scalars, False)
+    offsets = [K, *(first for layer_firsts in firsts for first in layer_firsts)]
+    buffers = [tensor for tensors in by_offsets for tensor in tensors]
+    output = kernel.decode_layers(hidden, buffers, None, scalars, False, offsets)
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    for written, reference in zip(by_offsets, by_views):
+        for tensor, expected_tensor in zip(written[:4], reference[:4]):  # (the new entries written alike)
+            torch.testing.assert_close(tensor, expected_tensor, rtol=0, atol=0)
+    outside = [K, 2, 3, N - K + 1, 4, 0, 5]  # layer 0's value window would end past its buffer
+    with pytest.raises(RuntimeError):
+        kernel.decode_layers(hidden, buffers, None, scalars, False, outside)
+    with pytest.raises(RuntimeError, match="K and three per layer"):
+        kernel.decode_layers(hidden, buffers, None, scalars, False, [K, 1])
 
 
 def test_compiled_attention_takes_biases_of_any_layout(kernel):

@@ -1221,17 +1221,43 @@ at::Tensor decode_layer(const at::Tensor& hidden, const at::Tensor& qkv_weight, 
 // caller), instead of a call per layer and the Python around it. `layers`: kDecodeLayerTensors tensors per layer, in
 // the order of the constants below (biases may be None); `scalars`: scaling, attn_norm_eps, ffn_norm_eps per
 // layer. Every layer's keys share the mask [1, K] (or none). Returns the last layer's output [E].
+// `offsets` (K, then per layer the first entry of its input's, key's and value's window), or empty: with offsets the
+// memory's tensors are its whole buffers ([1, N, E], [1, H, N, D]) and rel_key a whole table [H, L >= K, D], whose
+// windows (the K entries from each first one; the table's last K rows) are taken here, without a view made in Python
+// for each (which costs a small model's step a tenth of its time).
 constexpr int64_t kDecodeLayerTensors = 17;
 at::Tensor decode_layers(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& layers,
-                         const std::optional<at::Tensor>& mask, at::ArrayRef<double> scalars, bool pre_lnorm) {
+                         const std::optional<at::Tensor>& mask, at::ArrayRef<double> scalars, bool pre_lnorm,
+                         at::IntArrayRef offsets) {
   TORCH_CHECK(hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
               "decode_layers: a contiguous float32 CPU hidden state expected");
   const int64_t count = static_cast<int64_t>(layers.size()) / kDecodeLayerTensors;
   TORCH_CHECK(count >= 1 && static_cast<int64_t>(layers.size()) == count * kDecodeLayerTensors &&
                   static_cast<int64_t>(scalars.size()) == 3 * count,
               "decode_layers: ", kDecodeLayerTensors, " tensors and 3 scalars per layer expected");
+  TORCH_CHECK(offsets.empty() || static_cast<int64_t>(offsets.size()) == 1 + 3 * count,
+              "decode_layers: no offsets, or K and three per layer, expected");
   const int64_t E = hidden.numel();
   std::vector<std::optional<at::Tensor>> tensors(layers.begin(), layers.end());
+  if (!offsets.empty()) {
+    const int64_t K = offsets[0];
+    TORCH_CHECK(K >= 1, "decode_layers: K >= 1 expected");
+    for (int64_t l = 0; l < count; ++l) {
+      const int64_t i = l * kDecodeLayerTensors;
+      for (int64_t slot : {0, 2, 3, 4})
+        TORCH_CHECK(tensors[i + slot].has_value() && tensors[i + slot]->defined() &&
+                        tensors[i + slot]->dim() == (slot == 4 ? 3 : slot == 0 ? 3 : 4),
+                    "decode_layers: the memory's buffers [1, N, E], [1, H, N, D] and a table [H, L, D] expected");
+      at::Tensor& input = *tensors[i];
+      at::Tensor& table = *tensors[i + 4];
+      TORCH_CHECK(table.size(1) >= K, "decode_layers: a table of at least K rows expected");
+      // (narrow checks each window lies in its buffer)
+      input = input.narrow(1, offsets[1 + 3 * l], K);
+      *tensors[i + 2] = tensors[i + 2]->narrow(2, offsets[2 + 3 * l], K);
+      *tensors[i + 3] = tensors[i + 3]->narrow(2, offsets[3 + 3 * l], K);
+      table = table.narrow(1, table.size(1) - K, K);
+    }
+  }
   auto required = [&](int64_t i) -> const at::Tensor& {
     TORCH_CHECK(tensors[i].has_value() && tensors[i]->defined(), "decode_layers: tensor ", i % kDecodeLayerTensors,
                 " of layer ", i / kDecodeLayerTensors, " missing");
@@ -1534,7 +1560,8 @@ TXL_LIBRARY(TXL_NAMESPACE, m) {
         "Tensor attn_norm_weight, Tensor attn_norm_bias, float attn_norm_eps, Tensor up_weight, Tensor? up_bias, "
         "Tensor down_weight, Tensor? down_bias, Tensor ffn_norm_weight, Tensor ffn_norm_bias, float ffn_norm_eps, "
         "bool pre_lnorm) -> Tensor");
-  m.def("decode_layers(Tensor hidden, Tensor(a!)?[] layers, Tensor? mask, float[] scalars, bool pre_lnorm) -> Tensor");
+  m.def("decode_layers(Tensor hidden, Tensor(a!)?[] layers, Tensor? mask, float[] scalars, bool pre_lnorm, "
+        "int[] offsets=[]) -> Tensor");
   m.def("adaptive_log_softmax_row(Tensor hidden, Tensor?[] clusters) -> Tensor");
   m.def("dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> (Tensor, Tensor)");
   m.def("relu_dropout_training_forward(Tensor input, int seed, int threshold, float scale) -> Tensor");

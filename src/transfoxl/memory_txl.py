@@ -127,23 +127,35 @@ class SlidingWindow:
         self.start = max(self.start, self.end - self.max_len)
         return full
 
-    def append_room(self) -> torch.Tensor:
+    def append_room(self, inference_mode: bool | None = None) -> torch.Tensor:
         """`append(entry, write=False)` for one entry like the kept ones (at least one): the kept entries and the new
         one's room, for a caller that writes it itself. Without making the entry when there is room (decoding asks
-        three times per layer and token)."""
+        three times per layer and token). `inference_mode`: `torch.is_inference_mode_enabled()`, passed by a caller
+        that has seen gradients off and nothing traced (asked once for every window of a token)."""
         buffer = self.buffer
-        if (
-            buffer is None
-            or self.end + 1 > buffer.shape[self.dim]
-            or torch.is_grad_enabled()
-            or torch.compiler.is_compiling()
-            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
-        ):
+        if inference_mode is None:
+            if torch.is_grad_enabled() or torch.compiler.is_compiling():
+                buffer = None  # (append's own way: it knows what gradients and tracing need)
+            inference_mode = torch.is_inference_mode_enabled()
+        if buffer is None or self.end + 1 > buffer.shape[self.dim] or (buffer.is_inference() and not inference_mode):
             return self.append(self.value.narrow(self.dim, 0, 1), write=False)
         self.end += 1
         full = buffer.narrow(self.dim, self.start, self.end - self.start)
         self.start = max(self.start, self.end - self.max_len)
         return full
+
+    def room_at(self, inference_mode: bool) -> tuple[torch.Tensor, int]:
+        """`append_room(inference_mode)` as the buffer and the index of the first entry of the view it would return
+        (which ends with the new entry): for a caller that hands the buffer on whole (decoding's kernel takes the
+        window itself), without making the view."""
+        buffer = self.buffer
+        if buffer is None or self.end + 1 > buffer.shape[self.dim] or (buffer.is_inference() and not inference_mode):
+            count = self.append_room(inference_mode).shape[self.dim]  # (a new buffer)
+            return self.buffer, self.end - count
+        first = self.start
+        self.end += 1
+        self.start = max(first, self.end - self.max_len)
+        return buffer, first
 
     def extend(self, new: torch.Tensor, *, private: bool = False) -> None:
         """`append` without handing anything out. With gradients on, the kept entries go into a new buffer of
@@ -274,6 +286,36 @@ class TxlMemoryLayer(CacheLayerMixin):
         (`decode_layers`): `[B, M + 1, E]` and `[B, H, M + 1, D]` views of the kept entries whose last entry is not
         written yet. Only where `has_projections`."""
         return self._hidden.append_room(), self._keys.append_room(), self._values.append_room()
+
+    @staticmethod
+    def token_rooms(
+        layers: Sequence[TxlMemoryLayer], versions: Sequence[tuple]
+    ) -> tuple[list[torch.Tensor], list[int]] | None:
+        """`append_token_room` for every layer of a memory at once, for decoding's step over all layers
+        (`decode_layers`), whose caller has seen gradients off and nothing traced: where each layer keeps float32 CPU
+        keys and values of all its positions, made by the weights `versions[i]` (`has_projections`, `kept_as`), the
+        buffers of each layer's input, keys and values and the index of each window's first entry (`room_at`: the
+        window is the kept entries and the new one's room), layer 0 first; else None, with nothing changed. One call
+        per token instead of five per layer, and no view made: decoding a small model would spend a large share of
+        its step on them."""
+        float32 = torch.float32
+        for layer, version in zip(layers, versions):
+            hidden, keys = layer._hidden, layer._keys
+            kept = keys.end - keys.start
+            if layer.projection_version != version or kept == 0 or kept != hidden.end - hidden.start:
+                return None
+            for window in (hidden, keys, layer._values):
+                buffer = window.buffer
+                if buffer is None or buffer.dtype != float32 or not buffer.is_cpu:
+                    return None
+        inference_mode = torch.is_inference_mode_enabled()
+        buffers, firsts = [], []
+        for layer in layers:
+            for window in (layer._hidden, layer._keys, layer._values):
+                buffer, first = window.room_at(inference_mode)
+                buffers.append(buffer)
+                firsts.append(first)
+        return buffers, firsts
 
     def state(self) -> tuple:
         """What `restore_state` needs to put this layer's memory back as it is now (no copy)."""

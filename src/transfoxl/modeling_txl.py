@@ -37,6 +37,7 @@ import bisect
 import functools
 import itertools
 import math
+import operator
 import re
 import weakref
 from dataclasses import dataclass
@@ -429,6 +430,9 @@ def _check_memory_type(memory: object, argument: str = "past_key_values") -> Non
 _SECOND_MEMORY = "Pass the memory once: as past_key_values or as cache (its transformers 5.24 name)."
 
 
+_MEMORIES_KEPT: set[int] = set()  # id() of the memories whose state a forward running now will put back on error
+
+
 def _memory_kept_on_error(forward):
     """Wraps a model's `forward(input_ids, past_key_values, ...)`: when it raises (an interrupt, an out-of-memory
     error, a label check after the layers ran), the memory passed in is put back as it was before the call
@@ -444,14 +448,22 @@ def _memory_kept_on_error(forward):
             _check_memory_type(cache, "cache")
             kwargs["past_key_values"] = cache
         memory = kwargs["past_key_values"] if "past_key_values" in kwargs else args[1] if len(args) > 1 else None
-        if memory is None or torch.compiler.is_compiling() or not hasattr(memory, "restore_state"):
+        if (
+            memory is None
+            or torch.compiler.is_compiling()
+            or not hasattr(memory, "restore_state")
+            or id(memory) in _MEMORIES_KEPT  # (an outer call, TxlForCausalLM's, keeps its state already)
+        ):
             return forward(self, *args, **kwargs)
         saved = memory.state()
+        _MEMORIES_KEPT.add(id(memory))
         try:
             return forward(self, *args, **kwargs)
         except BaseException:
             memory.restore_state(saved)
             raise
+        finally:
+            _MEMORIES_KEPT.discard(id(memory))
 
     return kept_on_error
 
@@ -826,29 +838,37 @@ class TxlLayer(GradientCheckpointingLayer):
         return output.view(hidden_states.shape)
 
     def _decode_step(
-        self,
-        store: TxlMemoryLayer,
-        content_bias: torch.Tensor | None,
-        position_bias: torch.Tensor | None,
-        sdpa_config: object | None = None,
+        self, store: TxlMemoryLayer, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
     ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool] | None:
-        """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's): eval mode,
-        bare sub-layers and linear and norm layers (no hooks, adapters, replaced forwards), the sdpa implementation,
-        no active dropout, memory keys and values made by the current weights, a float32 memory. Returns the layer's
-        tensors (qkv weight, u, v, output weight and bias, the attention's norm weight and bias, the feed-forward's
-        weights and biases, its norm weight and bias: `decode_layers`' order after the memory's), its scaling and the
-        two norms' eps, and pre_lnorm; None where the step does not apply. `content_bias`, `position_bias`: the
-        model's shared u and v, or None for the attention's own (untie_r). `sdpa_config`: a config the caller has
-        seen ask for sdpa (read once for all layers: config attributes are slow to read), or None."""
+        """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's):
+        `_decode_parts`' (the layer's own), and memory keys and values made by the current weights, in float32.
+        Returns `_decode_parts`' tensors, scalars and pre_lnorm, or None where the step does not apply."""
+        parts = self._decode_parts(content_bias, position_bias)
+        if (
+            parts is None
+            or not hasattr(store, "kept_as")  # (a memory of an older copy of memory_txl.py: no room methods either)
+            or not (store.has_projections(parts[3]) and store.kept_as(torch.float32))
+        ):
+            return None
+        return parts[:3]
+
+    def _decode_parts(
+        self, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None, sdpa_config: object | None = None
+    ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool, tuple] | None:
+        """What the layer itself must be for the fused decoding step: eval mode, bare sub-layers and linear and norm
+        layers (no hooks, adapters, replaced forwards), the sdpa implementation, no active dropout, float32 weights
+        whose version can be told. Returns the layer's tensors (qkv weight, u, v, output weight and bias, the
+        attention's norm weight and bias, the feed-forward's weights and biases, its norm weight and bias:
+        `decode_layers`' order after the memory's), its scaling and the two norms' eps, pre_lnorm, and the projection
+        version the memory's keys and values must have (`projection_version`); None where the step does not apply.
+        `content_bias`, `position_bias`: the model's shared u and v, or None for the attention's own (untie_r).
+        `sdpa_config`: a config the caller has seen ask for sdpa (read once for all layers: config attributes are slow
+        to read), or None. (`_DecodePlan` watches everything read here.)"""
         # The sub-modules and parameters from their registries: what attribute access returns for them, without
         # nn.Module.__getattr__'s fallback (paid for each of them, per layer and token); each read
         # only once its module is known to be the model's own kind (an adapter has other children and parameters).
         attention, ffn = self._modules["attention"], self._modules["ffn"]
-        if (
-            self.training
-            or not hasattr(store, "kept_as")  # (a memory of an older copy of memory_txl.py: no room methods either)
-            or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward))
-        ):
+        if self.training or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward)):
             return None
         qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
         up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
@@ -883,9 +903,9 @@ class TxlLayer(GradientCheckpointingLayer):
             return None
         # projection_version's value: the projection is bare without a bias, nothing traced (`_one_row_decoding`)
         version = attention._projection_key(tensors[0], *(tensors[5:7] if attention.pre_lnorm else ()))
-        if not (store.has_projections(version) and store.kept_as(torch.float32)):
+        if version is None:  # (weights made under torch.inference_mode(): no keys and values are ever kept)
             return None
-        return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm
+        return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm, version
 
 
 def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> object | None:
@@ -903,6 +923,192 @@ def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) ->
 
 
 _PLAIN_FORWARDS[TxlLayer] = TxlLayer.forward
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+_VERSION = operator.attrgetter("_version")
+_FORWARD = operator.attrgetter("forward")
+
+
+class _DecodePlan:
+    """Decoding's step over all layers (`TxlModel._decode_token`), planned once for many tokens: each layer's tensors
+    and scalars for `decode_layers` and its kept position table, as the full checks found them
+    (`TxlLayer._decode_parts`, `TxlRelativeAttention._relative_keys`), and everything those checks read, so that
+    each later token asks `holds()` (a few comparisons of lists, made in C) instead of checking every module again
+    (at batch 1 those checks cost a small model about a third of its step). `holds()` compares with what the plan saw:
+
+    - torch's hook count (`RemovableHandle.next_id`: every module or global hook registered takes a number from it);
+    - by identity, every entry the checks read from the modules' dictionaries: sub-modules and parameters (an
+      adapter, a replaced layer or weight), the registries themselves, training flags, an instance `forward`
+      (accelerate's hooks), the attributes the step reads (scaling, eps, the config, the kept position table, the
+      training-phase count); the modules' types and their classes' forwards; the number of layers;
+    - the storage (`data_ptr`: `model.to()`, `.data =`) and version (in-place edits) of the weights whose results
+      are kept (the memory's keys and values, the projected position table); the other weights the kernel reads as
+      they are at each token;
+    - the model's position table R (a longer stream or another dtype makes a new one).
+
+    The memory is checked at every token (`TxlMemoryLayer.token_rooms`): it may be any stream's. A plan holds the
+    modules and weights it saw; the model keeps it (`_DECODE_PLANS`, beside the model: not in its state, copies or
+    pickles) until a forward that does not decode a token, so a module replaced after decoding is freed then."""
+
+    def __init__(self) -> None:
+        # Per layer: its qkv weight, its other tensors, its kept projected position table `[H, L, D]` (or None), its
+        # attention module (where the table is not kept).
+        self.layers: list[tuple] = []
+        self.scalars: list[float] = []  # scaling and the two norms' eps, per layer
+        self.versions: list[tuple] = []  # the projection version each layer's memory must have
+        self.pre_lnorm = False
+        self.keepable = True  # (else made for this token only)
+        self.untie_r = False
+        self.table: torch.Tensor | None = None  # the model's position table R the plan was made for
+        self.layer_registry: dict = {}  # the layer list's registry, and its length then
+        self.layer_count = 0
+        # What `holds` compares: dictionary entries and their values, the modules whose types are watched, the
+        # weights whose storage and version are, the hook count.
+        self._dicts: list[dict] = []
+        self._keys: list[str] = []
+        self._seen: list[object] = []
+        self._modules: list[nn.Module] = []
+        self._types: list[type] = []
+        self._versioned: list[torch.Tensor] = []
+        self._pointers: list[int] = []
+        self._version_numbers: list[int] = []
+        self._hook_count = -1
+
+    @classmethod
+    def make(
+        cls, model: TxlModel, positions: torch.Tensor, untie_r: bool, sdpa_config: object | None
+    ) -> _DecodePlan | None:
+        """The plan for `model`'s layers now, or None where a layer cannot take the fused step. Gets each layer's
+        relative keys (`_relative_keys`, which keeps the projected table) as this token would."""
+        plan = cls()
+        parameters = model._parameters
+        shared_biases = (None, None) if untie_r else (parameters["content_bias"], parameters["position_bias"])
+        layers = model._modules["layers"]
+        parts = []
+        for layer in layers:
+            if not _is_unhooked(layer, TxlLayer) or (part := layer._decode_parts(*shared_biases, sdpa_config)) is None:
+                return None
+            parts.append(part)
+        if not parts or len({pre_lnorm for _, _, pre_lnorm, _ in parts}) != 1:
+            return None
+        table = positions if positions._base is None else positions._base  # [L, E], as _relative_keys takes it
+        plan.pre_lnorm, plan.untie_r, plan.table = parts[0][2], untie_r, table
+        # A table made for this call only (dropout on the positions: MC dropout) is never seen again.
+        plan.keepable = positions._base is not None
+        # (The model's own dictionaries only, never the model: the plan is kept beside it, under a weak reference.)
+        plan._watch(
+            model, children=("layers",), parameters=() if untie_r else ("content_bias", "position_bias"), typed=False
+        )
+        plan._watch(layers, children=tuple(layers._modules))
+        plan.layer_count, plan.layer_registry = len(layers._modules), layers._modules
+        versioned = []
+        for layer, (tensors, scalars, _, version) in zip(layers, parts):
+            attention, ffn = layer._modules["attention"], layer._modules["ffn"]
+            attention._relative_keys(positions)
+            kept = attention._position_table
+            kept_table = kept.projected if kept is not None and kept.table is table else None
+            plan.layers.append((tensors[0], tensors[1:], kept_table, attention))
+            plan.scalars += scalars
+            plan.versions.append(version)
+            plan.keepable = plan.keepable and attention.config is model.config
+            called = ("training", "forward")  # (a module the step stands in for: its mode and its forward)
+            plan._watch(layer, attributes=called, children=("attention", "ffn"))
+            plan._watch(
+                attention,
+                attributes=(*called, "config", "scaling", "pre_lnorm", "_position_table", "_training_phases"),
+                children=("qkv_proj", "pos_proj", "o_proj", "layer_norm", "dropout"),
+                parameters=("content_bias", "position_bias") if untie_r else (),
+            )
+            plan._watch(ffn, attributes=called, children=("up_proj", "down_proj", "layer_norm", "dropout"))
+            linears = [attention._modules[name] for name in ("qkv_proj", "pos_proj", "o_proj")]
+            linears += (ffn._modules[name] for name in ("up_proj", "down_proj"))
+            for linear in linears:
+                plan._watch(linear, attributes=("forward",), parameters=("weight", "bias"))
+            for norm in (attention._modules["layer_norm"], ffn._modules["layer_norm"]):
+                plan._watch(norm, attributes=("forward", "eps"), parameters=("weight", "bias"))
+            for dropout in (attention._modules["dropout"], ffn._modules["dropout"]):
+                plan._watch(dropout, attributes=("training",))  # (inactive: `_dropout_acts` reads p only in training)
+            # Results made from these weights are kept (the memory's keys and values, the projected position
+            # table): their storage and version. The others the kernel reads as they are at each token (a weight's
+            # `.data` replaced: its new values; another dtype or layout: the kernel's checks).
+            kept_from = [tensors[0], *(tensors[5:7] if attention.pre_lnorm else ())]
+            if kept_table is not None:
+                kept_from.append(attention._modules["pos_proj"]._parameters["weight"])
+            versioned += kept_from
+        plan._versioned = versioned
+        plan._pointers, plan._version_numbers = list(map(_DATA_PTR, versioned)), list(map(_VERSION, versioned))
+        plan._types = list(map(type, plan._modules))
+        plan._hook_count = torch.utils.hooks.RemovableHandle.next_id
+        return plan
+
+    def _watch(
+        self,
+        module: nn.Module,
+        *,
+        children: tuple[str, ...] = (),
+        parameters: tuple[str, ...] = (),
+        attributes: tuple[str, ...] = (),
+        typed: bool = True,
+    ) -> None:
+        """Remember the entries of `module`'s dictionaries the step depends on, as they are now, and (`typed`) its
+        type."""
+        state = module.__dict__
+        if typed:
+            self._modules.append(module)
+        entries = [(state, name) for name in attributes]
+        for registry, names in (("_modules", children), ("_parameters", parameters)):
+            if names:
+                entries.append((state, registry))
+                entries += ((state[registry], name) for name in names)
+        for dictionary, key in entries:
+            self._dicts.append(dictionary)
+            self._keys.append(key)
+            self._seen.append(dictionary.get(key))
+
+    def holds(self, positions: torch.Tensor, untie_r: bool) -> bool:
+        """Whether the full checks would still find what they found (see the class docstring)."""
+        table = positions if positions._base is None else positions._base
+        return (
+            table is self.table
+            and untie_r == self.untie_r
+            and torch.utils.hooks.RemovableHandle.next_id == self._hook_count
+            and len(self.layer_registry) == self.layer_count
+            and tuple(map(_FORWARD, _FUSED_KINDS)) == _FUSED_FORWARDS
+            and all(map(operator.is_, map(dict.get, self._dicts, self._keys), self._seen))
+            and list(map(type, self._modules)) == self._types
+            and list(map(_DATA_PTR, self._versioned)) == self._pointers
+            and list(map(_VERSION, self._versioned)) == self._version_numbers
+        )
+
+    def rooms(self, memory_layers: list) -> tuple[list[torch.Tensor], list[int]] | None:
+        """The memory's room for the token in every layer (`TxlMemoryLayer.token_rooms`: buffers, and where each
+        window starts), or None where the memory cannot take the step (keys and values of other weights or another
+        dtype, a memory of an older copy of memory_txl.py): nothing changed then."""
+        kind = type(memory_layers[0])
+        token_rooms = getattr(kind, "token_rooms", None)
+        if token_rooms is None or len(memory_layers) != len(self.layers) or len(set(map(type, memory_layers))) != 1:
+            return None
+        return token_rooms(memory_layers, self.versions)
+
+    def kernel_tensors(self, buffers: list[torch.Tensor], positions: torch.Tensor) -> list[torch.Tensor | None]:
+        """`decode_layers`' tensors for this token, with offsets (`rooms`): per layer the buffers of its input, keys
+        and values, its weights, and its whole projected position table `[H, L, D]` (the kernel reads its last K
+        rows)."""
+        tensors = []
+        for (qkv_weight, rest, table, attention), layer_input, key, value in zip(
+            self.layers, buffers[0::3], buffers[1::3], buffers[2::3]
+        ):
+            if table is None:  # (not kept: an adapter or hook on pos_proj; it runs for every token, as it should)
+                table = attention._relative_keys(positions)  # [H, K, D]
+            tensors += (layer_input, qkv_weight, key, value, table, *rest)
+        return tensors
+
+
+_FUSED_KINDS = (TxlLayer, TxlRelativeAttention, TxlFeedForward, nn.Linear, nn.LayerNorm)
+_FUSED_FORWARDS = tuple(_PLAIN_FORWARDS[kind] for kind in _FUSED_KINDS)
+# Each model's decoding plan, beside the model (its state, copies and pickles stay free of it).
+_DECODE_PLANS: weakref.WeakKeyDictionary[nn.Module, _DecodePlan] = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1487,37 +1693,32 @@ class TxlModel(TxlPreTrainedModel):
         """Every layer for one token at batch 1 in one call of the compiled `decode_layers`, where each layer would
         take its fused step (`TxlLayer._decode_one_row`) and none is hooked: the same values without a call, its
         Python and its parallel region per layer (a large share of a small model's decoding step). The kernel
-        writes each layer's input, key and value into the memory, as the layer loop's updates would.
+        writes each layer's input, key and value into the memory, as the layer loop's updates would. The checks of
+        every layer are made once and kept as a plan for the next tokens (`_DecodePlan`).
         `hidden_states` `[1, 1, E]` -> `[1, 1, E]`; None where that does not apply (nothing changed then)."""
         if (operators := _one_row_decoding(hidden_states, mask)) is None:
             return None
-        shared_biases = (None, None) if untie_r else (self.content_bias, self.position_bias)
         config = self.config
         sdpa_config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
-        steps = []
-        for layer, memory_layer in zip(self.layers, memory_layers):
-            if (
-                not _is_unhooked(layer, TxlLayer)
-                or not hasattr(memory_layer, "append_token_room")  # (a memory of an older copy of memory_txl.py)
-                or (step := layer._decode_step(memory_layer, *shared_biases, sdpa_config)) is None
-            ):
+        plan = _DECODE_PLANS.get(self)
+        if plan is None or sdpa_config is None or not plan.holds(positions, untie_r):
+            plan = _DecodePlan.make(self, positions, untie_r, sdpa_config)
+            if plan is not None and plan.keepable:
+                _DECODE_PLANS[self] = plan
+            else:
+                _DECODE_PLANS.pop(self, None)
+            if plan is None:
                 return None
-            steps.append(step)
-        if len({pre_lnorm for _, _, pre_lnorm in steps}) != 1:
+        if (rooms := plan.rooms(memory_layers)) is None:
             return None
-        # Every layer takes the step: only now is the memory changed (room for the kernel's writes).
-        layer_tensors, scalars = [], []
-        for layer, memory_layer, (tensors, layer_scalars, _) in zip(self.layers, memory_layers, steps):
-            rel_key = layer._modules["attention"]._relative_keys(positions)  # [H, K, D]
-            layer_input, key, value = memory_layer.append_token_room()
-            layer_tensors += (layer_input, tensors[0], key, value, rel_key, *tensors[1:])
-            scalars += layer_scalars
+        buffers, firsts = rooms
         output = operators.decode_layers(
             hidden_states.reshape(-1),
-            layer_tensors,
+            plan.kernel_tensors(buffers, positions),
             None if mask is None else mask.reshape(1, -1),
-            scalars,
-            steps[0][2],
+            plan.scalars,
+            plan.pre_lnorm,
+            [positions.shape[0], *firsts],
         )  # (an exception on the way: forward puts the memory back as it was)
         return output.view(hidden_states.shape)
 
@@ -1610,6 +1811,8 @@ class TxlModel(TxlPreTrainedModel):
             and (decoded := self._decode_token(hidden_states, memory_layers, positions, mask, untie_r)) is not None
         ):
             hidden_states, memory_layers = decoded, []  # (every layer done, its memory updated)
+        elif q_len > 1 or self.training or torch.is_grad_enabled():  # (not decoding: what a plan holds may go)
+            _DECODE_PLANS.pop(self, None)
         for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
             attention = layer.attention
