@@ -1164,20 +1164,32 @@ _CHANGES_BETWEEN_TOKENS = {
     "dropout switched on (MC dropout)": lambda model: _layers(model)[1].ffn.dropout.train(),
     "sub-layer switched to training": lambda model: _layers(model)[0].ffn.train(),
     "eager attention": lambda model: setattr(model.config, "_attn_implementation", "eager"),
+    # the adaptive softmax's tensors for one row, kept too
+    "output projection replaced": lambda model: model.adaptive_softmax.output_projections.__setitem__(
+        1, torch.nn.Parameter(model.adaptive_softmax.output_projections[1].detach() * 3.0)
+    ),
+    "output layer pruned": lambda model: torch.nn.utils.prune.l1_unstructured(
+        model.adaptive_softmax.output_layers[1], "weight", amount=0.5
+    ),
+    "one output table's data replaced": lambda model: setattr(
+        model.adaptive_softmax.output_layers[0].weight, "data", model.adaptive_softmax.output_layers[0].weight * 3.0
+    ),
 }
 
 
 @pytest.mark.parametrize("change", list(_CHANGES_BETWEEN_TOKENS))
 def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, change):
-    """The model's fused step keeps its checks of every layer as a plan for the next tokens (`_DecodePlan`). A change
-    to the model between two tokens of one stream (a hook, an adapter-like replacement of a layer or weight, an edit
-    in place, a new eps, a parametrization, dropout or training switched on, another attention implementation) is
-    seen at the next token: the logits after it are the general path's after the same change, and differ from those
-    without it (so that a plan that missed it would fail here); eager attention, which computes the same values, is
-    seen by the fused step being no longer taken."""
+    """The model's fused step keeps its checks of every layer as a plan for the next tokens (`_DecodePlan`), the
+    adaptive softmax its tensors for one row (`_RowTensors`). A change to the model between two tokens of one stream
+    (a hook, an adapter-like replacement of a layer or weight, an edit in place, a new eps, a parametrization,
+    pruning, dropout or training switched on, another attention implementation) is seen at the next token: the
+    logits after it are the general path's after the same change, and differ from those without it (so that a plan
+    that missed it would fail here); eager attention, which computes the same values, is seen by the fused step being
+    no longer taken."""
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
-    original = tiny_lm(dropout=0.3, mem_len=8, untie_r=change != "shared bias replaced")
+    overrides = {"shared bias replaced": {"untie_r": False}, "one output table's data replaced": {"div_val": 1}}
+    original = tiny_lm(dropout=0.3, mem_len=8, **overrides.get(change, {}))
     original.config._attn_implementation = "sdpa"
     ids = covering_ids(original.config.vocab_size, batch=1, length=12)
 
@@ -1185,6 +1197,8 @@ def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, ch
         model, taken = copy.deepcopy(original), {"model": [], "layer": []}
         with monkeypatch.context() as patch, torch.no_grad():
             _counting_fused_steps(patch, taken) if fused else _general_decoding(patch)
+            if not fused:  # (and the adaptive softmax's readable path)
+                patch.setattr(type(model.adaptive_softmax), "_one_row_log_probs", lambda *args: None)
             memory = model(ids[:, :4], use_cache=True).past_key_values
             for i in range(4, 8):  # (planned at the first token, the plan used by the next three)
                 model(ids[:, i : i + 1], past_key_values=memory)
@@ -1206,9 +1220,9 @@ def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, ch
 
 
 def test_the_decoding_plan_holds_neither_the_model_nor_a_replaced_layer_for_long():
-    """The decoding plan is kept beside the model, which it does not hold: a model that decoded is freed when its
-    last reference goes. A layer replaced after decoding is freed at the model's next forward that is not a decoded
-    token (which drops the plan), not kept for as long as the model lives."""
+    """The decoding plan (and the softmax's tensors for one row) are kept beside the model, which they do not hold: a
+    model that decoded is freed when its last reference goes. A layer replaced after decoding is freed at the
+    model's next forward that is not a decoded token (which drops the plan), not for as long as the model lives."""
     import gc
     import weakref
 
@@ -1228,10 +1242,11 @@ def test_the_decoding_plan_holds_neither_the_model_nor_a_replaced_layer_for_long
 
     ids = covering_ids(tiny_config().vocab_size, batch=1, length=7)
     model = decoded_model()
-    model_ref, base_ref = weakref.ref(model), weakref.ref(model.transformer)
+    assert model.adaptive_softmax in modeling_txl._ROW_PLANS
+    refs = [weakref.ref(module) for module in (model, model.transformer, model.adaptive_softmax)]
     del model
     gc.collect()
-    assert model_ref() is None and base_ref() is None
+    assert all(ref() is None for ref in refs)
 
     model = decoded_model()
     replaced = weakref.ref(model.transformer.layers[1])

@@ -930,28 +930,96 @@ _VERSION = operator.attrgetter("_version")
 _FORWARD = operator.attrgetter("forward")
 
 
-class _DecodePlan:
-    """Decoding's step over all layers (`TxlModel._decode_token`), planned once for many tokens: each layer's tensors
-    and scalars for `decode_layers` and its kept position table, as the full checks found them
-    (`TxlLayer._decode_parts`, `TxlRelativeAttention._relative_keys`), and everything those checks read, so that
-    each later token asks `holds()` (a few comparisons of lists, made in C) instead of checking every module again
-    (at batch 1 those checks cost a small model about a third of its step). `holds()` compares with what the plan saw:
+class _Watch:
+    """What some checks of modules found, kept so that a later call can ask cheaply whether they would find the same
+    (`holds`: a few comparisons of lists, made in C, instead of the checks' attribute lookups and calls, which a
+    decoded token pays for at every step). It compares with what it saw:
 
     - torch's hook count (`RemovableHandle.next_id`: every module or global hook registered takes a number from it);
-    - by identity, every entry the checks read from the modules' dictionaries: sub-modules and parameters (an
-      adapter, a replaced layer or weight), the registries themselves, training flags, an instance `forward`
-      (accelerate's hooks), the attributes the step reads (scaling, eps, the config, the kept position table, the
-      training-phase count); the modules' types and their classes' forwards; the number of layers;
-    - the storage (`data_ptr`: `model.to()`, `.data =`) and version (in-place edits) of the weights whose results
-      are kept (the memory's keys and values, the projected position table); the other weights the kernel reads as
-      they are at each token;
-    - the model's position table R (a longer stream or another dtype makes a new one).
+    - by identity, the entries of the modules' dictionaries the checks read (`watch`): sub-modules and parameters
+      (an adapter, a replaced layer or weight), the registries themselves, training flags, an instance `forward`
+      (accelerate's hooks), attributes; the modules' types and their classes' forwards;
+    - the storage (`data_ptr`: `model.to()`, `.data =`) and version (in-place edits) of the tensors it is given
+      (`watch_storage`): those whose contents results were kept from (storage and version), or that a kept view was
+      taken of (storage).
 
-    The memory is checked at every token (`TxlMemoryLayer.token_rooms`): it may be any stream's. A plan holds the
-    modules and weights it saw; the model keeps it (`_DECODE_PLANS`, beside the model: not in its state, copies or
-    pickles) until a forward that does not decode a token, so a module replaced after decoding is freed then."""
+    A watch holds the modules it saw: its owner keeps it beside the model (a weak-keyed dictionary: not in the
+    model's state, copies or pickles) and drops it when it may hold modules replaced since."""
 
     def __init__(self) -> None:
+        self._dicts: list[dict] = []
+        self._keys: list[str] = []
+        self._seen: list[object] = []
+        self._modules: list[nn.Module] = []
+        self._types: list[type] = []
+        self._stored: list[torch.Tensor] = []
+        self._pointers: list[int] = []
+        self._versioned: list[torch.Tensor] = []
+        self._version_numbers: list[int] = []
+        self._hook_count = torch.utils.hooks.RemovableHandle.next_id
+
+    def watch(
+        self,
+        module: nn.Module,
+        *,
+        children: tuple[str, ...] = (),
+        parameters: tuple[str, ...] = (),
+        attributes: tuple[str, ...] = (),
+        typed: bool = True,
+    ) -> None:
+        """Remember the entries of `module`'s dictionaries the checks depend on, as they are now, and (`typed`) its
+        type."""
+        state = module.__dict__
+        if typed:
+            self._modules.append(module)
+            self._types.append(type(module))
+        entries = [(state, name) for name in attributes]
+        for registry, names in (("_modules", children), ("_parameters", parameters)):
+            if names:
+                entries.append((state, registry))
+                entries += ((state[registry], name) for name in names)
+        for dictionary, key in entries:
+            self._dicts.append(dictionary)
+            self._keys.append(key)
+            self._seen.append(dictionary.get(key))
+
+    def watch_storage(self, tensors: list[torch.Tensor], versions: bool = True) -> None:
+        """Remember the storage of each of `tensors` and (`versions`: not for tensors made under
+        torch.inference_mode(), which keep none) its version."""
+        self._stored += tensors
+        self._pointers += map(_DATA_PTR, tensors)
+        if versions:
+            self._versioned += tensors
+            self._version_numbers += map(_VERSION, tensors)
+
+    def holds(self) -> bool:
+        """Whether the checks would still find what they found (see the class docstring)."""
+        return (
+            torch.utils.hooks.RemovableHandle.next_id == self._hook_count
+            and tuple(map(_FORWARD, _FUSED_KINDS)) == _FUSED_FORWARDS
+            and all(map(operator.is_, map(dict.get, self._dicts, self._keys), self._seen))
+            and list(map(type, self._modules)) == self._types
+            and list(map(_DATA_PTR, self._stored)) == self._pointers
+            and list(map(_VERSION, self._versioned)) == self._version_numbers
+        )
+
+
+class _DecodePlan(_Watch):
+    """Decoding's step over all layers (`TxlModel._decode_token`), planned once for many tokens: each layer's tensors
+    and scalars for `decode_layers` and its kept position table, as the full checks found them
+    (`TxlLayer._decode_parts`, `TxlRelativeAttention._relative_keys`), and what those checks read (`_Watch`): the
+    layers' and sub-layers' registries, modes, forwards and the attributes the step reads (scaling, eps, the config,
+    the kept position table, the training-phase count); the storage and version of the weights whose results are
+    kept (the memory's keys and values, the projected position table: the other weights the kernel reads as they are
+    at each token); the number of layers and the model's position table R (a longer stream or another dtype makes a
+    new one). At batch 1 the checks cost a small model about a third of its step at every token.
+
+    The memory is checked at every token (`TxlMemoryLayer.token_rooms`): it may be any stream's. The model keeps its
+    plan in `_DECODE_PLANS` until a forward that does not decode a token, so a module replaced after decoding is
+    freed then."""
+
+    def __init__(self) -> None:
+        super().__init__()
         # Per layer: its qkv weight, its other tensors, its kept projected position table `[H, L, D]` (or None), its
         # attention module (where the table is not kept).
         self.layers: list[tuple] = []
@@ -963,17 +1031,6 @@ class _DecodePlan:
         self.table: torch.Tensor | None = None  # the model's position table R the plan was made for
         self.layer_registry: dict = {}  # the layer list's registry, and its length then
         self.layer_count = 0
-        # What `holds` compares: dictionary entries and their values, the modules whose types are watched, the
-        # weights whose storage and version are, the hook count.
-        self._dicts: list[dict] = []
-        self._keys: list[str] = []
-        self._seen: list[object] = []
-        self._modules: list[nn.Module] = []
-        self._types: list[type] = []
-        self._versioned: list[torch.Tensor] = []
-        self._pointers: list[int] = []
-        self._version_numbers: list[int] = []
-        self._hook_count = -1
 
     @classmethod
     def make(
@@ -997,12 +1054,11 @@ class _DecodePlan:
         # A table made for this call only (dropout on the positions: MC dropout) is never seen again.
         plan.keepable = positions._base is not None
         # (The model's own dictionaries only, never the model: the plan is kept beside it, under a weak reference.)
-        plan._watch(
+        plan.watch(
             model, children=("layers",), parameters=() if untie_r else ("content_bias", "position_bias"), typed=False
         )
-        plan._watch(layers, children=tuple(layers._modules))
+        plan.watch(layers, children=tuple(layers._modules))
         plan.layer_count, plan.layer_registry = len(layers._modules), layers._modules
-        versioned = []
         for layer, (tensors, scalars, _, version) in zip(layers, parts):
             attention, ffn = layer._modules["attention"], layer._modules["ffn"]
             attention._relative_keys(positions)
@@ -1013,72 +1069,39 @@ class _DecodePlan:
             plan.versions.append(version)
             plan.keepable = plan.keepable and attention.config is model.config
             called = ("training", "forward")  # (a module the step stands in for: its mode and its forward)
-            plan._watch(layer, attributes=called, children=("attention", "ffn"))
-            plan._watch(
+            plan.watch(layer, attributes=called, children=("attention", "ffn"))
+            plan.watch(
                 attention,
                 attributes=(*called, "config", "scaling", "pre_lnorm", "_position_table", "_training_phases"),
                 children=("qkv_proj", "pos_proj", "o_proj", "layer_norm", "dropout"),
                 parameters=("content_bias", "position_bias") if untie_r else (),
             )
-            plan._watch(ffn, attributes=called, children=("up_proj", "down_proj", "layer_norm", "dropout"))
+            plan.watch(ffn, attributes=called, children=("up_proj", "down_proj", "layer_norm", "dropout"))
             linears = [attention._modules[name] for name in ("qkv_proj", "pos_proj", "o_proj")]
             linears += (ffn._modules[name] for name in ("up_proj", "down_proj"))
             for linear in linears:
-                plan._watch(linear, attributes=("forward",), parameters=("weight", "bias"))
+                plan.watch(linear, attributes=("forward",), parameters=("weight", "bias"))
             for norm in (attention._modules["layer_norm"], ffn._modules["layer_norm"]):
-                plan._watch(norm, attributes=("forward", "eps"), parameters=("weight", "bias"))
+                plan.watch(norm, attributes=("forward", "eps"), parameters=("weight", "bias"))
             for dropout in (attention._modules["dropout"], ffn._modules["dropout"]):
-                plan._watch(dropout, attributes=("training",))  # (inactive: `_dropout_acts` reads p only in training)
+                plan.watch(dropout, attributes=("training",))  # (inactive: `_dropout_acts` reads p only in training)
             # Results made from these weights are kept (the memory's keys and values, the projected position
             # table): their storage and version. The others the kernel reads as they are at each token (a weight's
             # `.data` replaced: its new values; another dtype or layout: the kernel's checks).
             kept_from = [tensors[0], *(tensors[5:7] if attention.pre_lnorm else ())]
             if kept_table is not None:
                 kept_from.append(attention._modules["pos_proj"]._parameters["weight"])
-            versioned += kept_from
-        plan._versioned = versioned
-        plan._pointers, plan._version_numbers = list(map(_DATA_PTR, versioned)), list(map(_VERSION, versioned))
-        plan._types = list(map(type, plan._modules))
-        plan._hook_count = torch.utils.hooks.RemovableHandle.next_id
+            plan.watch_storage(kept_from)
         return plan
 
-    def _watch(
-        self,
-        module: nn.Module,
-        *,
-        children: tuple[str, ...] = (),
-        parameters: tuple[str, ...] = (),
-        attributes: tuple[str, ...] = (),
-        typed: bool = True,
-    ) -> None:
-        """Remember the entries of `module`'s dictionaries the step depends on, as they are now, and (`typed`) its
-        type."""
-        state = module.__dict__
-        if typed:
-            self._modules.append(module)
-        entries = [(state, name) for name in attributes]
-        for registry, names in (("_modules", children), ("_parameters", parameters)):
-            if names:
-                entries.append((state, registry))
-                entries += ((state[registry], name) for name in names)
-        for dictionary, key in entries:
-            self._dicts.append(dictionary)
-            self._keys.append(key)
-            self._seen.append(dictionary.get(key))
-
     def holds(self, positions: torch.Tensor, untie_r: bool) -> bool:
-        """Whether the full checks would still find what they found (see the class docstring)."""
+        """Whether the full checks would still find what they found."""
         table = positions if positions._base is None else positions._base
         return (
             table is self.table
             and untie_r == self.untie_r
-            and torch.utils.hooks.RemovableHandle.next_id == self._hook_count
             and len(self.layer_registry) == self.layer_count
-            and tuple(map(_FORWARD, _FUSED_KINDS)) == _FUSED_FORWARDS
-            and all(map(operator.is_, map(dict.get, self._dicts, self._keys), self._seen))
-            and list(map(type, self._modules)) == self._types
-            and list(map(_DATA_PTR, self._versioned)) == self._pointers
-            and list(map(_VERSION, self._versioned)) == self._version_numbers
+            and super().holds()
         )
 
     def rooms(self, memory_layers: list) -> tuple[list[torch.Tensor], list[int]] | None:
@@ -1107,8 +1130,10 @@ class _DecodePlan:
 
 _FUSED_KINDS = (TxlLayer, TxlRelativeAttention, TxlFeedForward, nn.Linear, nn.LayerNorm)
 _FUSED_FORWARDS = tuple(_PLAIN_FORWARDS[kind] for kind in _FUSED_KINDS)
-# Each model's decoding plan, beside the model (its state, copies and pickles stay free of it).
+# Each model's decoding plan, and each adaptive softmax's tensors for one row, beside them (their state, copies and
+# pickles stay free of them).
 _DECODE_PLANS: weakref.WeakKeyDictionary[nn.Module, _DecodePlan] = weakref.WeakKeyDictionary()
+_ROW_PLANS: weakref.WeakKeyDictionary[nn.Module, _RowTensors] = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1321,6 +1346,8 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         """Log-probabilities over the whole vocabulary: `[N, E]` -> `[N, V]`."""
         if (log_probs := self._one_row_log_probs(hidden_states)) is not None:
             return log_probs
+        if not torch.compiler.is_compiling():  # (a traced graph keeps no state)
+            _ROW_PLANS.pop(self, None)  # (not a decoded token: what the plan holds may go)
         head_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, 0))  # [N, shortlist + tails]
         if self.n_clusters == 1:
             return head_logprobs
@@ -1334,20 +1361,36 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         """`forward` for one row (a token decoded at batch 1) in float32 CPU inference, in one call of the compiled
         `adaptive_log_softmax_row` instead of a dozen operator calls: the same log-probabilities within float32
         rounding (where all of a cluster's logits are -inf, tokens banned by their biases, -inf where the readable
-        path gives NaN). None where that does not apply."""
-        head_weight = self._own_parameters(0)[0]
+        path gives NaN). None where that does not apply. The clusters' tensors are gathered once for many tokens
+        (`_row_tensors`)."""
         if (
             hidden_states.dim() != 2
-            or not _one_row_inference(hidden_states, head_weight)  # (float32: the weights', checked below)
+            or hidden_states.dtype != torch.float32
+            or not _one_row_inference(hidden_states, hidden_states)  # (the weights' type: `_row_tensors`)
             or (operators := compiled_operators()) is None
+            or (tensors := self._row_tensors()) is None
         ):
             return None
+        return operators.adaptive_log_softmax_row(hidden_states.reshape(-1).contiguous(), tensors).view(1, -1)
+
+    def _row_tensors(self) -> list[torch.Tensor] | None:
+        """`adaptive_log_softmax_row`'s tensors (each cluster's weight, bias and projection, then the head's tail
+        weight and bias), or None where they are not all float32 CPU tensors. Kept for the next tokens with a watch
+        of the modules and parameters they come from (`_RowTensors`, in `_ROW_PLANS`)."""
+        kept = _ROW_PLANS.get(self)
+        if kept is not None and kept.bounds == self.bounds and kept.holds():
+            return kept.tensors
         tensors = [tensor for cluster in range(self.n_clusters) for tensor in self._own_parameters(cluster)]
         if self.n_clusters > 1:
             tensors += (self.cluster_weight, self.cluster_bias)
         if not _compiled_float32(tensors):
+            _ROW_PLANS.pop(self, None)
             return None
-        return operators.adaptive_log_softmax_row(hidden_states.reshape(-1).contiguous(), tensors).view(1, -1)
+        if any(tensor._base is not None for tensor in tensors):  # (slices of one table, div_val 1: made per call,
+            _ROW_PLANS.pop(self, None)  # so that nothing but the model holds a tensor of the model's)
+            return tensors
+        _ROW_PLANS[self] = _RowTensors(self, tensors)
+        return tensors
 
     # Training on a CPU computes the loss a chunk of rows at a time (`kernels_txl.adaptive_nll`): about this many head
     # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower.
@@ -1392,6 +1435,31 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             target_logprobs = tail_logprobs.gather(1, (targets[rows] - low)[:, None]).squeeze(1)
             nll = nll.index_put((rows,), -(head_logprobs[rows, self.shortlist_size + cluster - 1] + target_logprobs))
         return torch.where(targets == ignore_index, 0.0, nll)
+
+
+class _RowTensors(_Watch):
+    """An adaptive softmax's tensors for `adaptive_log_softmax_row` (`TxlAdaptiveLogSoftmax._row_tensors`), with a
+    watch of where they come from: the softmax's registries and the head's tail weight and bias, the output layers
+    (each one's weight and bias, and an attribute `weight` beside them: pruning's, computed by its hook at each
+    call) and projections, and the storage of all their parameters; the cluster bounds as they were. (Not kept where
+    the tensors are views, slices of one table with div_val 1.)"""
+
+    def __init__(self, softmax: TxlAdaptiveLogSoftmax, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.tensors, self.bounds = tensors, list(softmax.bounds)
+        self.watch(
+            softmax,
+            children=("output_layers", "output_projections"),
+            parameters=("cluster_weight", "cluster_bias"),
+            attributes=("div_val", "n_clusters"),
+            typed=False,  # (its dictionaries, never itself: it keys the weak dictionary that holds this)
+        )
+        layers, projections = softmax._modules["output_layers"], softmax._modules["output_projections"]
+        self.watch(layers, children=tuple(layers._modules))
+        self.watch(projections, parameters=tuple(projections._parameters))
+        for layer in layers:
+            self.watch(layer, parameters=("weight", "bias"), attributes=("weight", "forward"))
+        self.watch_storage([*layers.parameters(), *projections.parameters()], versions=False)  # (their contents: read)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1811,8 +1879,8 @@ class TxlModel(TxlPreTrainedModel):
             and (decoded := self._decode_token(hidden_states, memory_layers, positions, mask, untie_r)) is not None
         ):
             hidden_states, memory_layers = decoded, []  # (every layer done, its memory updated)
-        elif q_len > 1 or self.training or torch.is_grad_enabled():  # (not decoding: what a plan holds may go)
-            _DECODE_PLANS.pop(self, None)
+        elif (q_len > 1 or self.training or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
+            _DECODE_PLANS.pop(self, None)  # (not decoding: what a plan holds may go; a traced graph keeps no state)
         for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
             attention = layer.attention
