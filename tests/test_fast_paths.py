@@ -1174,7 +1174,36 @@ _CHANGES_BETWEEN_TOKENS = {
     "one output table's data replaced": lambda model: setattr(
         model.adaptive_softmax.output_layers[0].weight, "data", model.adaptive_softmax.output_layers[0].weight * 3.0
     ),
+    "output layer's bias removed": lambda model: setattr(model.adaptive_softmax.output_layers[1], "bias", None),
+    # (found by a review: MC dropout's modules already in training with p 0, then p set; one sub-layer's pre_lnorm)
+    "dropout rate set on a module in training": lambda model: setattr(_layers(model)[1].ffn.dropout, "p", 0.3),
+    "a feed-forward's pre_lnorm alone": lambda model: setattr(_layers(model)[0].ffn, "pre_lnorm", True),
+    "a square weight's data transposed (its storage kept)": lambda model: setattr(
+        _layers(model)[0].attention.o_proj.weight, "data", _layers(model)[0].attention.o_proj.weight.detach().t()
+    ),
+    # changes of layout only (the same values): the compiled operators take contiguous tensors only
+    "a weight's data made non-contiguous": lambda model: setattr(
+        _layers(model)[0].attention.o_proj.weight, "data", _non_contiguous(_layers(model)[0].attention.o_proj.weight)
+    ),
+    "an output projection's data made non-contiguous": lambda model: setattr(
+        model.adaptive_softmax.output_projections[1],
+        "data",
+        _non_contiguous(model.adaptive_softmax.output_projections[1]),
+    ),
 }
+# Made before the stream: the state a change above needs.
+_BEFORE_THE_STREAM = {
+    "dropout rate set on a module in training": lambda model: (
+        setattr(_layers(model)[1].ffn.dropout, "p", 0.0) or _layers(model)[1].ffn.dropout.train()
+    ),
+}
+# Changes that keep the values: seen by where the fused step runs afterwards (the model's, for the layers).
+_SAME_VALUES = {"eager attention": False, "a weight's data made non-contiguous": False}
+_SAME_VALUES["an output projection's data made non-contiguous"] = True
+
+
+def _non_contiguous(tensor):
+    return tensor.detach().t().contiguous().t()  # (the same values and shape, the transposed layout)
 
 
 @pytest.mark.parametrize("change", list(_CHANGES_BETWEEN_TOKENS))
@@ -1184,13 +1213,14 @@ def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, ch
     (a hook, an adapter-like replacement of a layer or weight, an edit in place, a new eps, a parametrization,
     pruning, dropout or training switched on, another attention implementation) is seen at the next token: the
     logits after it are the general path's after the same change, and differ from those without it (so that a plan
-    that missed it would fail here); eager attention, which computes the same values, is seen by the fused step being
-    no longer taken."""
+    that missed it would fail here); a change that keeps the values (eager attention, a new layout) is seen by where
+    the fused step runs afterwards, and raises nothing."""
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     overrides = {"shared bias replaced": {"untie_r": False}, "one output table's data replaced": {"div_val": 1}}
     original = tiny_lm(dropout=0.3, mem_len=8, **overrides.get(change, {}))
     original.config._attn_implementation = "sdpa"
+    _BEFORE_THE_STREAM.get(change, lambda model: None)(original)
     ids = covering_ids(original.config.vocab_size, batch=1, length=12)
 
     def decode(fused: bool, changed: bool) -> tuple[torch.Tensor, list[bool]]:
@@ -1212,39 +1242,48 @@ def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, ch
     assert taken[:4] == [True] * 4
     expected, _ = decode(fused=False, changed=True)
     torch.testing.assert_close(planned, expected, rtol=0, atol=1e-5)
-    if change == "eager attention":
-        assert not any(taken[4:])
+    if change in _SAME_VALUES:
+        assert taken[4:] == [_SAME_VALUES[change]] * 4
     else:
         unchanged, _ = decode(fused=True, changed=False)
         assert (planned - unchanged).abs().max() > 1e-3
 
 
-def test_the_decoding_plan_holds_neither_the_model_nor_a_replaced_layer_for_long():
-    """The decoding plan (and the softmax's tensors for one row) are kept beside the model, which they do not hold: a
-    model that decoded is freed when its last reference goes. A layer replaced after decoding is freed at the
-    model's next forward that is not a decoded token (which drops the plan), not for as long as the model lives."""
+@pytest.mark.parametrize("hooked", [False, True])
+def test_the_decoding_plan_holds_neither_the_model_nor_a_replaced_layer_for_long(hooked):
+    """The decoding plan (and the softmax's tensors for one row) are kept in the model's own dictionary: a model that
+    decoded is freed when its last reference goes, also where a hook on it holds the model (a cycle through the plan,
+    which the garbage collector frees). A copy or a pickle of the model holds no plan. A layer replaced after
+    decoding is freed at the model's next forward that is not a decoded token (which drops the plan), not for as long
+    as the model lives."""
+    import functools
     import gc
+    import pickle
     import weakref
 
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
-    from transfoxl import modeling_txl
+    from transfoxl.modeling_txl import _PLAN
 
     def decoded_model() -> TxlForCausalLM:
         model = tiny_lm(mem_len=8)
         model.config._attn_implementation = "sdpa"
+        if hooked:  # (a hook on the base model, whose forward runs the fused step: its closure holds the model)
+            model.transformer.register_forward_hook(functools.partial(lambda model, *args: None, model))
         with torch.no_grad():
             memory = model(ids[:, :4], use_cache=True).past_key_values
             for i in range(4, 7):
                 model(ids[:, i : i + 1], past_key_values=memory)
-        assert model.transformer in modeling_txl._DECODE_PLANS
+        assert model.transformer.__dict__[_PLAN] is not None and model.adaptive_softmax.__dict__[_PLAN] is not None
         return model
 
     ids = covering_ids(tiny_config().vocab_size, batch=1, length=7)
     model = decoded_model()
-    assert model.adaptive_softmax in modeling_txl._ROW_PLANS
+    copies = [copy.deepcopy(model)] + ([] if hooked else [pickle.loads(pickle.dumps(model))])
+    for other in copies:
+        assert other.transformer.__dict__[_PLAN] is None and other.adaptive_softmax.__dict__[_PLAN] is None
     refs = [weakref.ref(module) for module in (model, model.transformer, model.adaptive_softmax)]
-    del model
+    del model, copies, other
     gc.collect()
     assert all(ref() is None for ref in refs)
 

@@ -883,6 +883,7 @@ class TxlLayer(GradientCheckpointingLayer):
                 or getattr(attention.config, "_attn_implementation", None) == "sdpa"
             )
             or attention.d_head % 8 != 0
+            or ffn.pre_lnorm != attention.pre_lnorm  # (the kernel takes one flag for both sub-layers)
             or _dropout_acts(attention._modules["dropout"])
             or _dropout_acts(ffn._modules["dropout"])
         ):
@@ -926,8 +927,13 @@ _PLAIN_FORWARDS[TxlLayer] = TxlLayer.forward
 
 
 _DATA_PTR = torch.Tensor.data_ptr
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
 _VERSION = operator.attrgetter("_version")
 _FORWARD = operator.attrgetter("forward")
+
+
+def _no_plan() -> None:
+    return None
 
 
 class _Watch:
@@ -939,12 +945,12 @@ class _Watch:
     - by identity, the entries of the modules' dictionaries the checks read (`watch`): sub-modules and parameters
       (an adapter, a replaced layer or weight), the registries themselves, training flags, an instance `forward`
       (accelerate's hooks), attributes; the modules' types and their classes' forwards;
-    - the storage (`data_ptr`: `model.to()`, `.data =`) and version (in-place edits) of the tensors it is given
-      (`watch_storage`): those whose contents results were kept from (storage and version), or that a kept view was
-      taken of (storage).
+    - the storage (`data_ptr`: `model.to()`, `.data =`), contiguity and version (in-place edits) of the tensors it
+      is given (`watch_storage`): those the compiled operators are handed, and (version) those whose contents
+      results were kept from.
 
-    A watch holds the modules it saw: its owner keeps it beside the model (a weak-keyed dictionary: not in the
-    model's state, copies or pickles) and drops it when it may hold modules replaced since."""
+    A watch holds the modules it saw: its owner keeps it in its own dictionary (`_PLAN`; not copied or pickled) and
+    drops it when it may hold modules replaced since."""
 
     def __init__(self) -> None:
         self._dicts: list[dict] = []
@@ -984,13 +990,21 @@ class _Watch:
             self._seen.append(dictionary.get(key))
 
     def watch_storage(self, tensors: list[torch.Tensor], versions: bool = True) -> None:
-        """Remember the storage of each of `tensors` and (`versions`: not for tensors made under
-        torch.inference_mode(), which keep none) its version."""
+        """Remember the storage of each of `tensors`, contiguous now (a new one, `.data =` or `model.to()`, may be
+        of another dtype or device; another layout, the same storage's too, is seen as such: the compiled operators
+        take neither), and (`versions`: not for tensors made under torch.inference_mode(), which keep none) its
+        version."""
         self._stored += tensors
         self._pointers += map(_DATA_PTR, tensors)
         if versions:
             self._versioned += tensors
             self._version_numbers += map(_VERSION, tensors)
+
+    def __reduce__(self):
+        return _no_plan, ()  # (a copy or a pickle of the model plans anew: its weights are other tensors)
+
+    def __deepcopy__(self, memo: dict) -> None:
+        return None
 
     def holds(self) -> bool:
         """Whether the checks would still find what they found (see the class docstring)."""
@@ -1000,6 +1014,7 @@ class _Watch:
             and all(map(operator.is_, map(dict.get, self._dicts, self._keys), self._seen))
             and list(map(type, self._modules)) == self._types
             and list(map(_DATA_PTR, self._stored)) == self._pointers
+            and all(map(_IS_CONTIGUOUS, self._stored))
             and list(map(_VERSION, self._versioned)) == self._version_numbers
         )
 
@@ -1015,8 +1030,7 @@ class _DecodePlan(_Watch):
     new one). At batch 1 the checks cost a small model about a third of its step at every token.
 
     The memory is checked at every token (`TxlMemoryLayer.token_rooms`): it may be any stream's. The model keeps its
-    plan in `_DECODE_PLANS` until a forward that does not decode a token, so a module replaced after decoding is
-    freed then."""
+    plan (`_PLAN`) until a forward that does not decode a token, so a module replaced after decoding is freed then."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1053,7 +1067,6 @@ class _DecodePlan(_Watch):
         plan.pre_lnorm, plan.untie_r, plan.table = parts[0][2], untie_r, table
         # A table made for this call only (dropout on the positions: MC dropout) is never seen again.
         plan.keepable = positions._base is not None
-        # (The model's own dictionaries only, never the model: the plan is kept beside it, under a weak reference.)
         plan.watch(
             model, children=("layers",), parameters=() if untie_r else ("content_bias", "position_bias"), typed=False
         )
@@ -1076,7 +1089,9 @@ class _DecodePlan(_Watch):
                 children=("qkv_proj", "pos_proj", "o_proj", "layer_norm", "dropout"),
                 parameters=("content_bias", "position_bias") if untie_r else (),
             )
-            plan.watch(ffn, attributes=called, children=("up_proj", "down_proj", "layer_norm", "dropout"))
+            plan.watch(
+                ffn, attributes=(*called, "pre_lnorm"), children=("up_proj", "down_proj", "layer_norm", "dropout")
+            )
             linears = [attention._modules[name] for name in ("qkv_proj", "pos_proj", "o_proj")]
             linears += (ffn._modules[name] for name in ("up_proj", "down_proj"))
             for linear in linears:
@@ -1084,14 +1099,15 @@ class _DecodePlan(_Watch):
             for norm in (attention._modules["layer_norm"], ffn._modules["layer_norm"]):
                 plan.watch(norm, attributes=("forward", "eps"), parameters=("weight", "bias"))
             for dropout in (attention._modules["dropout"], ffn._modules["dropout"]):
-                plan.watch(dropout, attributes=("training",))  # (inactive: `_dropout_acts` reads p only in training)
+                plan.watch(dropout, attributes=("training", "p"))  # (`_dropout_acts`: MC dropout's p set later)
             # Results made from these weights are kept (the memory's keys and values, the projected position
             # table): their storage and version. The others the kernel reads as they are at each token (a weight's
-            # `.data` replaced: its new values; another dtype or layout: the kernel's checks).
+            # `.data` replaced: its new values), as long as their storage and layout are what the checks saw.
             kept_from = [tensors[0], *(tensors[5:7] if attention.pre_lnorm else ())]
             if kept_table is not None:
                 kept_from.append(attention._modules["pos_proj"]._parameters["weight"])
             plan.watch_storage(kept_from)
+            plan.watch_storage([tensor for tensor in tensors[1:] if tensor is not None], versions=False)
         return plan
 
     def holds(self, positions: torch.Tensor, untie_r: bool) -> bool:
@@ -1130,10 +1146,11 @@ class _DecodePlan(_Watch):
 
 _FUSED_KINDS = (TxlLayer, TxlRelativeAttention, TxlFeedForward, nn.Linear, nn.LayerNorm)
 _FUSED_FORWARDS = tuple(_PLAIN_FORWARDS[kind] for kind in _FUSED_KINDS)
-# Each model's decoding plan, and each adaptive softmax's tensors for one row, beside them (their state, copies and
-# pickles stay free of them).
-_DECODE_PLANS: weakref.WeakKeyDictionary[nn.Module, _DecodePlan] = weakref.WeakKeyDictionary()
-_ROW_PLANS: weakref.WeakKeyDictionary[nn.Module, _RowTensors] = weakref.WeakKeyDictionary()
+# Where a model keeps its decoding plan, and an adaptive softmax its tensors for one row: in the module's own
+# dictionary (read without nn.Module's attribute lookup), so that a module and its plan, which may reach each other
+# (through a hook's closure, accelerate's forward), are one cycle the garbage collector frees. A plan is neither
+# copied nor pickled (`_Watch.__reduce__`).
+_PLAN = "_txl_decode_plan"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1347,7 +1364,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
         if (log_probs := self._one_row_log_probs(hidden_states)) is not None:
             return log_probs
         if not torch.compiler.is_compiling():  # (a traced graph keeps no state)
-            _ROW_PLANS.pop(self, None)  # (not a decoded token: what the plan holds may go)
+            self.__dict__.pop(_PLAN, None)  # (not a decoded token: what the plan holds may go)
         head_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, 0))  # [N, shortlist + tails]
         if self.n_clusters == 1:
             return head_logprobs
@@ -1375,21 +1392,23 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 
     def _row_tensors(self) -> list[torch.Tensor] | None:
         """`adaptive_log_softmax_row`'s tensors (each cluster's weight, bias and projection, then the head's tail
-        weight and bias), or None where they are not all float32 CPU tensors. Kept for the next tokens with a watch
-        of the modules and parameters they come from (`_RowTensors`, in `_ROW_PLANS`)."""
-        kept = _ROW_PLANS.get(self)
+        weight and bias), or None where they are not all float32 CPU tensors (a projection may be missing). Kept
+        for the next tokens with a watch of the modules and parameters they come from (`_RowTensors`)."""
+        state = self.__dict__
+        kept = state.get(_PLAN)
         if kept is not None and kept.bounds == self.bounds and kept.holds():
             return kept.tensors
+        state[_PLAN] = None
         tensors = [tensor for cluster in range(self.n_clusters) for tensor in self._own_parameters(cluster)]
         if self.n_clusters > 1:
             tensors += (self.cluster_weight, self.cluster_bias)
-        if not _compiled_float32(tensors):
-            _ROW_PLANS.pop(self, None)
+        required = [tensor for i, tensor in enumerate(tensors) if i >= 3 * self.n_clusters or i % 3 != 2]
+        if any(tensor is None for tensor in required) or not _compiled_float32(tensors):
             return None
-        if any(tensor._base is not None for tensor in tensors):  # (slices of one table, div_val 1: made per call,
-            _ROW_PLANS.pop(self, None)  # so that nothing but the model holds a tensor of the model's)
-            return tensors
-        _ROW_PLANS[self] = _RowTensors(self, tensors)
+        # Not kept where they are slices of one table (div_val 1): made per call, so that nothing but the model
+        # holds a tensor of the model's.
+        if all(tensor is None or tensor._base is None for tensor in tensors):
+            state[_PLAN] = _RowTensors(self, tensors)
         return tensors
 
     # Training on a CPU computes the loss a chunk of rows at a time (`kernels_txl.adaptive_nll`): about this many head
@@ -1441,7 +1460,7 @@ class _RowTensors(_Watch):
     """An adaptive softmax's tensors for `adaptive_log_softmax_row` (`TxlAdaptiveLogSoftmax._row_tensors`), with a
     watch of where they come from: the softmax's registries and the head's tail weight and bias, the output layers
     (each one's weight and bias, and an attribute `weight` beside them: pruning's, computed by its hook at each
-    call) and projections, and the storage of all their parameters; the cluster bounds as they were. (Not kept where
+    call) and projections, the storage and layout of the tensors; the cluster bounds as they were. (Not kept where
     the tensors are views, slices of one table with div_val 1.)"""
 
     def __init__(self, softmax: TxlAdaptiveLogSoftmax, tensors: list[torch.Tensor]) -> None:
@@ -1452,14 +1471,14 @@ class _RowTensors(_Watch):
             children=("output_layers", "output_projections"),
             parameters=("cluster_weight", "cluster_bias"),
             attributes=("div_val", "n_clusters"),
-            typed=False,  # (its dictionaries, never itself: it keys the weak dictionary that holds this)
+            typed=False,
         )
         layers, projections = softmax._modules["output_layers"], softmax._modules["output_projections"]
         self.watch(layers, children=tuple(layers._modules))
         self.watch(projections, parameters=tuple(projections._parameters))
         for layer in layers:
             self.watch(layer, parameters=("weight", "bias"), attributes=("weight", "forward"))
-        self.watch_storage([*layers.parameters(), *projections.parameters()], versions=False)  # (their contents: read)
+        self.watch_storage([tensor for tensor in tensors if tensor is not None], versions=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1768,13 +1787,11 @@ class TxlModel(TxlPreTrainedModel):
             return None
         config = self.config
         sdpa_config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
-        plan = _DECODE_PLANS.get(self)
+        state = self.__dict__
+        plan = state.get(_PLAN)
         if plan is None or sdpa_config is None or not plan.holds(positions, untie_r):
             plan = _DecodePlan.make(self, positions, untie_r, sdpa_config)
-            if plan is not None and plan.keepable:
-                _DECODE_PLANS[self] = plan
-            else:
-                _DECODE_PLANS.pop(self, None)
+            state[_PLAN] = plan if plan is not None and plan.keepable else None
             if plan is None:
                 return None
         if (rooms := plan.rooms(memory_layers)) is None:
@@ -1880,7 +1897,7 @@ class TxlModel(TxlPreTrainedModel):
         ):
             hidden_states, memory_layers = decoded, []  # (every layer done, its memory updated)
         elif (q_len > 1 or self.training or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
-            _DECODE_PLANS.pop(self, None)  # (not decoding: what a plan holds may go; a traced graph keeps no state)
+            self.__dict__.pop(_PLAN, None)  # (not decoding: what a plan holds may go; a traced graph keeps no state)
         for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
             attention = layer.attention
