@@ -1246,7 +1246,7 @@ at::Tensor decode_layers(const at::Tensor& hidden, const c10::List<std::optional
       const int64_t i = l * kDecodeLayerTensors;
       for (int64_t slot : {0, 2, 3, 4})
         TORCH_CHECK(tensors[i + slot].has_value() && tensors[i + slot]->defined() &&
-                        tensors[i + slot]->dim() == (slot == 4 ? 3 : slot == 0 ? 3 : 4),
+                        tensors[i + slot]->dim() == (slot == 0 || slot == 4 ? 3 : 4),
                     "decode_layers: the memory's buffers [1, N, E], [1, H, N, D] and a table [H, L, D] expected");
       at::Tensor& input = *tensors[i];
       at::Tensor& table = *tensors[i + 4];

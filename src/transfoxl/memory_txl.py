@@ -127,17 +127,18 @@ class SlidingWindow:
         self.start = max(self.start, self.end - self.max_len)
         return full
 
-    def append_room(self, inference_mode: bool | None = None) -> torch.Tensor:
+    def append_room(self) -> torch.Tensor:
         """`append(entry, write=False)` for one entry like the kept ones (at least one): the kept entries and the new
         one's room, for a caller that writes it itself. Without making the entry when there is room (decoding asks
-        three times per layer and token). `inference_mode`: `torch.is_inference_mode_enabled()`, passed by a caller
-        that has seen gradients off and nothing traced (asked once for every window of a token)."""
+        three times per layer and token)."""
         buffer = self.buffer
-        if inference_mode is None:
-            if torch.is_grad_enabled() or torch.compiler.is_compiling():
-                buffer = None  # (append's own way: it knows what gradients and tracing need)
-            inference_mode = torch.is_inference_mode_enabled()
-        if buffer is None or self.end + 1 > buffer.shape[self.dim] or (buffer.is_inference() and not inference_mode):
+        if (
+            buffer is None
+            or self.end + 1 > buffer.shape[self.dim]
+            or torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
+        ):
             return self.append(self.value.narrow(self.dim, 0, 1), write=False)
         self.end += 1
         full = buffer.narrow(self.dim, self.start, self.end - self.start)
@@ -145,12 +146,13 @@ class SlidingWindow:
         return full
 
     def room_at(self, inference_mode: bool) -> tuple[torch.Tensor, int]:
-        """`append_room(inference_mode)` as the buffer and the index of the first entry of the view it would return
-        (which ends with the new entry): for a caller that hands the buffer on whole (decoding's kernel takes the
-        window itself), without making the view."""
+        """`append_room()` as the buffer and the index of the first entry of the view it would return (which ends
+        with the new entry): for a caller that hands the buffer on whole (decoding's kernel takes the window itself),
+        without making the view. The caller has seen gradients off and nothing traced, and passes
+        `torch.is_inference_mode_enabled()` (asked once for every window of a token)."""
         buffer = self.buffer
         if buffer is None or self.end + 1 > buffer.shape[self.dim] or (buffer.is_inference() and not inference_mode):
-            count = self.append_room(inference_mode).shape[self.dim]  # (a new buffer)
+            count = self.append(self.value.narrow(self.dim, 0, 1), write=False).shape[self.dim]  # (a new buffer)
             return self.buffer, self.end - count
         first = self.start
         self.end += 1
@@ -255,10 +257,11 @@ class TxlMemoryLayer(CacheLayerMixin):
     def kept_as(self, dtype: torch.dtype) -> bool:
         """Whether the hidden states, keys and values are all kept as `dtype` in CPU memory (a stream continued under
         autocast may keep another type; decoding's compiled step reads float32 only)."""
-        return all(
-            window.buffer is not None and window.buffer.dtype == dtype and window.buffer.is_cpu
-            for window in (self._hidden, self._keys, self._values)
-        )
+        for window in (self._hidden, self._keys, self._values):  # (a loop: asked per layer and token)
+            buffer = window.buffer
+            if buffer is None or buffer.dtype != dtype or not buffer.is_cpu:
+                return False
+        return True
 
     def store_projections(self, keys: torch.Tensor, values: torch.Tensor, projection_version: tuple | None) -> None:
         """Keep the projections `[B, H, M + Q, D]` of the memory and a new segment (their last `mem_len`)."""
@@ -300,14 +303,8 @@ class TxlMemoryLayer(CacheLayerMixin):
         its step on them."""
         float32 = torch.float32
         for layer, version in zip(layers, versions):
-            hidden, keys = layer._hidden, layer._keys
-            kept = keys.end - keys.start
-            if layer.projection_version != version or kept == 0 or kept != hidden.end - hidden.start:
+            if not (layer.has_projections(version) and layer.kept_as(float32)):
                 return None
-            for window in (hidden, keys, layer._values):
-                buffer = window.buffer
-                if buffer is None or buffer.dtype != float32 or not buffer.is_cpu:
-                    return None
         inference_mode = torch.is_inference_mode_enabled()
         buffers, firsts = [], []
         for layer in layers:
