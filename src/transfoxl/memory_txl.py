@@ -280,27 +280,21 @@ class TxlMemoryLayer(CacheLayerMixin):
 
     def append_projection_room(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Room for one more position's key and value, for a caller that writes them itself
-        (`decode_layer`; `append_token_room` for `decode_layers`): `[B, H, M + 1, D]` views of the kept keys and
+        (`decode_layer`; `token_rooms` for `decode_layers`): `[B, H, M + 1, D]` views of the kept keys and
         values whose last entry is not written yet. Only where `has_projections`."""
         return self._keys.append_room(), self._values.append_room()
-
-    def append_token_room(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Room for one more position's layer input, key and value, for a caller that writes them itself
-        (`decode_layers`): `[B, M + 1, E]` and `[B, H, M + 1, D]` views of the kept entries whose last entry is not
-        written yet. Only where `has_projections`."""
-        return self._hidden.append_room(), self._keys.append_room(), self._values.append_room()
 
     @staticmethod
     def token_rooms(
         layers: Sequence[TxlMemoryLayer], versions: Sequence[tuple]
     ) -> tuple[list[torch.Tensor], list[int]] | None:
-        """`append_token_room` for every layer of a memory at once, for decoding's step over all layers
-        (`decode_layers`), whose caller has seen gradients off and nothing traced: where each layer keeps float32 CPU
-        keys and values of all its positions, made by the weights `versions[i]` (`has_projections`, `kept_as`), the
-        buffers of each layer's input, keys and values and the index of each window's first entry (`room_at`: the
-        window is the kept entries and the new one's room), layer 0 first; else None, with nothing changed. One call
-        per token instead of five per layer, and no view made: decoding a small model would spend a large share of
-        its step on them."""
+        """Room for one more position's layer input, key and value in every layer of a memory at once, for
+        decoding's step over all layers (`decode_layers`), whose caller has seen gradients off and nothing traced:
+        where each layer keeps float32 CPU keys and values of all its positions, made by the weights `versions[i]`
+        (`has_projections`, `kept_as`), the buffers of each layer's input, keys and values and the index of each
+        window's first entry (`room_at`: the window is the kept entries and the new one's room), layer 0 first; else
+        None, with nothing changed. One call per token and no view made: decoding a small model would spend a large
+        share of its step on them."""
         float32 = torch.float32
         for layer, version in zip(layers, versions):
             if not (layer.has_projections(version) and layer.kept_as(float32)):
