@@ -1648,8 +1648,9 @@ def _compile_flags(capability: str) -> tuple[str, ...]:
 
 def _cxx_standard() -> str:
     """The C++ standard torch was built with, as its own extension builder chooses (c++17 for torch 2.11, c++20 for
-    2.13): a library built to another one than torch's headers were can crash where an error is thrown through them
-    (seen on a GPU machine's image: torch 2.11 and GCC 13.3 with -std=c++20). The source is C++17."""
+    2.13), as a library built against torch's headers should be. The source is C++17. (On a GPU machine's image,
+    torch 2.11 and GCC 13.3, one operator's refusal crashed the process built either way: see
+    tools/kernel_error_probe.py.)"""
     found = re.search(r"C\+\+ Version: (\d{4})", torch.__config__.show())
     return "c++20" if found and int(found.group(1)) >= 2020 else "c++17"
 

@@ -1,0 +1,39 @@
+"""tools/kernel_error_probe.py: the package's own build refuses bad input with a RuntimeError in every case, and a
+process that dies is reported by its signal (the probe is for toolchains where a refusal crashed the process)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tools import kernel_error_probe
+from transfoxl.cpp_kernels_txl import compiled_operators
+
+
+def test_every_refusal_of_the_package_s_build_raises(tmp_path: Path) -> None:
+    if compiled_operators() is None:
+        pytest.skip("the compiled kernels are for Linux on x86-64 with AVX2")
+    assert kernel_error_probe.main(["--variants", "default", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "kernel_errors.json").read_text())
+    cases = results["variants"]["default"]["cases"]
+    assert set(cases) == set(kernel_error_probe.CASES)
+    assert all(entry["outcome"] == "raised" and entry["message"] for entry in cases.values()), cases
+    assert "3 tensors per cluster" in cases["softmax_row_count"]["message"]
+    assert "| default | built | raised |" in (tmp_path / "kernel_errors.md").read_text()
+
+
+def test_a_process_that_dies_is_reported_by_its_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dies = tmp_path / "dies"
+    dies.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    dies.chmod(0o755)
+    monkeypatch.setattr(kernel_error_probe.sys, "executable", str(dies))
+    assert kernel_error_probe._run("default", "softmax_row_count", timeout=30)["outcome"] == "killed by SIGSEGV"
+
+
+def test_unknown_variants_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        kernel_error_probe.main(["--variants", "default,c++23", "--out", os.devnull])
+    assert "--variants: unknown c++23" in capsys.readouterr().err
