@@ -175,8 +175,40 @@ def test_kept_results_name_the_weight_object_not_only_its_address():
     first, second = torch.zeros(4), torch.zeros(4)
     assert _identity(first) == _identity(first) != _identity(second)
     clone = pickle.loads(pickle.dumps(first))
-    assert clone.__dict__.get("_txl_identity") == _identity(first)  # (the attribute travelled)
+    assert clone.__dict__["_txl_identity"].token == _identity(first)  # (the attribute travelled)
     assert _identity(clone) not in (_identity(first), _identity(second))
+
+
+def test_weights_can_be_swapped_after_decoding_and_the_next_tokens_use_them():
+    """`torch.utils.swap_tensors` (what `model.to()` uses for tensor subclasses and under
+    `set_swap_module_params_on_conversion`) works on a model that has decoded, whose kept results name its weights:
+    nothing holds a weak reference to a weight. The next decoded tokens use the swapped-in values, and a model cast
+    to float64 by swapping decodes as a float64 copy made without swapping."""
+
+    def stream_logits(model: TxlForCausalLM, tokens: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            memory = model(tokens[:, :5], use_cache=True).past_key_values
+            return torch.cat([model(tokens[:, i : i + 1], past_key_values=memory).logits for i in range(5, 9)], 1)
+
+    model, tokens = tiny_lm(mem_len=8).eval(), ids(1, 9)
+    before = stream_logits(model, tokens)  # (kept position tables, plans, keys and values: all made)
+    reference = copy.deepcopy(model)
+    for layer, copied in zip(model.transformer.layers, reference.transformer.layers):
+        for name in ("qkv_proj", "pos_proj"):
+            weight = getattr(layer.attention, name).weight
+            torch.utils.swap_tensors(weight, torch.nn.Parameter(weight.detach() * 1.5))
+            with torch.no_grad():
+                getattr(copied.attention, name).weight.mul_(1.5)
+    swapped = stream_logits(model, tokens)
+    torch.testing.assert_close(swapped, stream_logits(reference, tokens))
+    assert not torch.allclose(swapped, before)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.double()
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert model.transformer.layers[0].attention.qkv_proj.weight.dtype == torch.float64
+    torch.testing.assert_close(stream_logits(model, tokens), stream_logits(reference.double(), tokens))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

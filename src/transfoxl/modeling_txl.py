@@ -367,18 +367,35 @@ def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
 
 
 _identities = itertools.count(1)
-_identified: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+class _Identity:
+    """A weight's number (`_identity`), kept on the weight. The registry refers to this object, not to the weight: a
+    weak reference to a tensor stops `torch.utils.swap_tensors`, which `model.to()` uses for tensor subclasses and
+    under `torch.__future__.set_swap_module_params_on_conversion(True)`. A copy of the weight (deepcopy, pickle)
+    carries a copy of it, which the registry does not hold."""
+
+    __slots__ = ("__weakref__", "token")
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __reduce__(self):
+        return _Identity, (self.token,)
+
+
+_identified: weakref.WeakValueDictionary[int, _Identity] = weakref.WeakValueDictionary()
 
 
 def _identity(weight: torch.Tensor) -> int:
     """A number for the tensor object `weight`, given on first use and kept on it (an attribute): unlike its
     storage address, no other tensor of this process has it, also after `weight` is freed (a copy unpickled with the
     attribute gets its own). Plain data, so that memories pickle."""
-    token = weight.__dict__.get("_txl_identity")
-    if token is None or _identified.get(token) is not weight:
-        token = weight._txl_identity = next(_identities)
-        _identified[token] = weight
-    return token
+    marker = weight.__dict__.get("_txl_identity")
+    if type(marker) is not _Identity or _identified.get(marker.token) is not marker:
+        marker = weight._txl_identity = _Identity(next(_identities))
+        _identified[marker.token] = marker
+    return marker.token
 
 
 def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
