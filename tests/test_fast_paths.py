@@ -13,7 +13,7 @@ import torch.nn.utils.prune
 from tests.test_modeling_txl import VARIANTS, covering_ids
 from tests.utils import tiny_config, tiny_lm
 from tools.configs import model_config
-from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, kernels_txl
+from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, fast_paths_txl, kernels_txl
 from transfoxl.cpp_kernels_txl import compiled_operators
 from transfoxl.kernels_txl import dropout as kernel_dropout
 from transfoxl.kernels_txl import (
@@ -907,13 +907,14 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     ids = covering_ids(97, batch=1, length=9)
     with torch.no_grad():
         memory = model(ids[:, :8], use_cache=True).past_key_values
-        monkeypatch.setattr(modeling_txl, "one_row_linear", counting)
+        monkeypatch.setattr(fast_paths_txl, "one_row_linear", counting)
         fast = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
         memory = model(ids[:, :8], use_cache=True).past_key_values  # a new stream, same prefix
     layers = model.config.n_layer
     assert len(calls) >= 4 * layers  # qkv, o, up, down per layer (the softmax's clusters: its own one call)
     with torch.no_grad():
-        monkeypatch.setattr(modeling_txl, "_one_row_inference", lambda inputs, weight: False)
+        for module in (modeling_txl, fast_paths_txl):
+            monkeypatch.setattr(module, "_one_row_inference", lambda inputs, weight: False)
         expected = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
 
@@ -1263,7 +1264,7 @@ def test_the_decoding_plan_holds_neither_the_model_nor_a_replaced_layer_for_long
 
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
-    from transfoxl.modeling_txl import _PLAN
+    from transfoxl.fast_paths_txl import _PLAN
 
     def decoded_model() -> TxlForCausalLM:
         model = tiny_lm(mem_len=8)
@@ -1513,7 +1514,7 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
     labels = None
     with monkeypatch.context() as patch:
         if where == "fused model step":
-            patch.setattr(modeling_txl, "compiled_operators", InterruptedKernel)
+            patch.setattr(fast_paths_txl, "compiled_operators", InterruptedKernel)
         elif where == "fused step":
             patch.setattr(modeling_txl.TxlModel, "_decode_token", lambda *args: None)
             fused_step = modeling_txl.TxlLayer._decode_one_row

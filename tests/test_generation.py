@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, tiny_lm
 from transfoxl import TxlForCausalLM, TxlMemory
-from transfoxl.modeling_txl import _identity
+from transfoxl.fast_paths_txl import _identity
 from transfoxl.tokenization import build_word_level_tokenizer
 
 VARIANTS = {

@@ -24,22 +24,19 @@ Paper objects and their names here (original code / transformers v4 names in bra
 
     the memory (Sec. 3.2)                  -> TxlMemory, in memory_txl.py          [mems]
 
-Beside this file, with tensor-only interfaces: `memory_txl.py` (the memory, a transformers `Cache`), `kernels_txl.py`
-(the hand-written CPU kernels, each equal to its readable counterpart here), `cpp_kernels_txl.py` (inference attention
-in C++, compiled on first use) and `checks_txl.py` (the argument checks of every entry point). They import only torch,
-transformers and each other, relatively, so `save_pretrained` copies them all into a model folder for
-`trust_remote_code=True`. docs/architecture.md maps the whole package.
+Beside this file: `fast_paths_txl.py` (what lets a decoded token skip module calls and per-token checks: bare
+modules, weight identities, the decoding plans) and, with tensor-only interfaces, `memory_txl.py` (the memory, a
+transformers `Cache`), `kernels_txl.py` (the hand-written CPU kernels, each equal to its readable counterpart here),
+`cpp_kernels_txl.py` (inference attention in C++, compiled on first use) and `checks_txl.py` (the argument checks of
+every entry point). They import only torch, transformers and each other, relatively, so `save_pretrained` copies
+them all into a model folder for `trust_remote_code=True`. docs/architecture.md maps the whole package.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import itertools
-import math
-import operator
 import re
-import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -81,6 +78,29 @@ from .checks_txl import (
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .cpp_kernels_txl import compiled_operators
+from .fast_paths_txl import (
+    _PLAN,
+    _compiled_float32,
+    _DecodePlan,
+    _dropout,
+    _dropout_acts,
+    _forward_ad_active,
+    _identity,
+    _inference_caches_apply,
+    _is_bare,
+    _is_bare_linear,
+    _is_plain_linear,
+    _is_unhooked,
+    _layer_norm,
+    _linear,
+    _one_row_decoding,
+    _one_row_inference,
+    _project,
+    _RowTensors,
+    _weight_and_bias,
+    _weight_sample,
+    register_fused_kinds,
+)
 from .kernels_txl import (
     adaptive_nll,
     compiled_attention_applies,
@@ -91,7 +111,6 @@ from .kernels_txl import (
     memory_linear,
     memory_linear_applies,
     one_query_attention,
-    one_row_linear,
     pad_relative_keys,
     relative_attention,
     relative_attention_applies,
@@ -242,177 +261,6 @@ def sdpa_relative_attention(
     return F.scaled_dot_product_attention(
         query + content_bias[:, None], key, value, attn_mask=attn_bias, dropout_p=dropout, scale=scaling
     )
-
-
-def _forward_ad_active() -> bool:
-    """Whether a forward-mode AD level is open (`torch.autograd.forward_ad.dual_level`): dual tensors may flow even
-    without gradients, and the compiled operators have no forward derivative (their callers then take torch's)."""
-    return getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0
-
-
-def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `inputs` is one row (decoding a token at batch 1) in float CPU inference, outside autocast, tracing
-    (torch.compile, torch.export, torch.jit), functorch transforms (vmap, grad) and forward-mode AD: where
-    `kernels_txl.one_row_linear` and the other one-row compiled operators (no rules for those) apply."""
-    return (
-        inputs.numel() == inputs.shape[-1]
-        and inputs.is_cpu
-        and inputs.dtype == weight.dtype
-        and not torch.is_grad_enabled()
-        and not torch.is_autocast_enabled("cpu")
-        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
-        and not torch._C._are_functorch_transforms_active()
-        and not _forward_ad_active()
-    )
-
-
-def _compiled_float32(tensors) -> bool:
-    """Whether every tensor (None allowed) is what the compiled CPU operators take: float32, on the CPU, contiguous."""
-    float32 = torch.float32
-    for tensor in tensors:  # (a loop, not all() over a generator: every tensor of a decoded token comes here)
-        if tensor is not None and not (tensor.dtype is float32 and tensor.is_cpu and tensor.is_contiguous()):
-            return False
-    return True
-
-
-def _linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`; one row in CPU inference goes through `one_row_linear` (the same product, read faster)."""
-    if _one_row_inference(inputs, weight):
-        return one_row_linear(inputs, weight, bias)
-    return F.linear(inputs, weight, bias)
-
-
-# The forward of each module type that `_is_bare` may skip, as torch or this file defines it (a patched class keeps
-# its call); the model's sub-layers are added below their classes.
-_PLAIN_FORWARDS = {
-    nn.Linear: nn.Linear.forward,
-    nn.LayerNorm: nn.LayerNorm.forward,
-    nn.Embedding: nn.Embedding.forward,
-}
-
-
-def _is_bare(module: nn.Module, kind: type[nn.Module]) -> bool:
-    """Whether `module` is a `kind` itself (`nn.Linear`, `nn.LayerNorm`, the model's sub-layers): not wrapped by an
-    adapter, hooked (its own hooks or global module hooks) or replaced, so that its parameters say what it computes
-    and nothing watches its call."""
-    return _is_unhooked(module, kind) and not _global_module_hooks()
-
-
-def _is_unhooked(module: nn.Module, kind: type[nn.Module]) -> bool:
-    """`_is_bare` without the global hooks (asked once for many modules)."""
-    if type(module) is not kind or kind.forward is not _PLAIN_FORWARDS[kind]:
-        return False
-    # (from the instance's dict: attribute lookups would cost as much again, for a check made per module and token)
-    state = module.__dict__
-    return not (
-        state["_forward_hooks"]
-        or state["_forward_pre_hooks"]
-        or state["_backward_hooks"]
-        or state["_backward_pre_hooks"]
-        or "forward" in state  # accelerate's offloading hooks replace forward on the instance
-    )
-
-
-def _global_module_hooks() -> bool:
-    """Whether a hook registered for every module is in place (torch.nn.modules.module.register_module_*_hook)."""
-    return bool(
-        nn.modules.module._global_forward_hooks
-        or nn.modules.module._global_forward_pre_hooks
-        or nn.modules.module._global_backward_hooks
-        or nn.modules.module._global_backward_pre_hooks
-    )
-
-
-def _is_bare_linear(module: nn.Module) -> bool:
-    return _is_bare(module, nn.Linear)
-
-
-def _is_plain_linear(module: nn.Module) -> bool:
-    """Whether `module` is a bare `nn.Linear` without bias: its weight alone then says what it computes, so the weight
-    may be sliced, and results keyed on it."""
-    return _is_bare_linear(module) and module.bias is None
-
-
-def _project(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """`module(inputs)` for a linear layer. A bare `nn.Linear` is computed by `_linear` without the module call, whose
-    machinery costs time that counts when decoding a token; adapters, hooks and everything else keep
-    the module call."""
-    if _is_bare_linear(module):
-        return _linear(inputs, module.weight, module.bias)
-    return module(inputs)
-
-
-def _layer_norm(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """`module(inputs)` for a layer norm; a bare `nn.LayerNorm` without the module call (as `_project`)."""
-    if _is_bare(module, nn.LayerNorm):
-        return F.layer_norm(inputs, module.normalized_shape, module.weight, module.bias, module.eps)
-    return module(inputs)
-
-
-def _weight_and_bias(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """`(module.weight, module.bias)` of a bare linear or norm layer, from its parameters' registry."""
-    parameters = module._parameters
-    return parameters["weight"], parameters["bias"]
-
-
-def _dropout_acts(module: TxlDropout) -> bool:
-    """Whether `module` changes its inputs (training mode, p > 0: training, or MC dropout in an eval model)."""
-    return module.training and module.p > 0
-
-
-def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
-    """`module(inputs)`, skipped when it would return `inputs` unchanged (evaluation, p = 0): decoding a token
-    would otherwise spend a module call per sub-layer on nothing."""
-    return module(inputs) if _dropout_acts(module) else inputs
-
-
-_identities = itertools.count(1)
-
-
-class _Identity:
-    """A weight's number (`_identity`), kept on the weight. The registry refers to this object, not to the weight: a
-    weak reference to a tensor stops `torch.utils.swap_tensors`, which `model.to()` uses for tensor subclasses and
-    under `torch.__future__.set_swap_module_params_on_conversion(True)`. A copy of the weight (deepcopy, pickle)
-    carries a copy of it, which the registry does not hold."""
-
-    __slots__ = ("__weakref__", "token")
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    def __reduce__(self):
-        return _Identity, (self.token,)
-
-
-_identified: weakref.WeakValueDictionary[int, _Identity] = weakref.WeakValueDictionary()
-
-
-def _identity(weight: torch.Tensor) -> int:
-    """A number for the tensor object `weight`, given on first use and kept on it (an attribute): unlike its
-    storage address, no other tensor of this process has it, also after `weight` is freed (a copy unpickled with the
-    attribute gets its own). Plain data, so that memories pickle."""
-    marker = weight.__dict__.get("_txl_identity")
-    if type(marker) is not _Identity or _identified.get(marker.token) is not marker:
-        marker = weight._txl_identity = _Identity(next(_identities))
-        _identified[marker.token] = marker
-    return marker.token
-
-
-def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
-    """64 of `weight`'s values spread over its rows and columns (a copy): where they all stay equal, the weight is
-    taken as unchanged by edits that bump no version (a merged adapter or an edit through `.data` changes them all)."""
-    flat = weight.detach().reshape(-1)
-    stride = max(1, flat.numel() // 64)
-    while weight.dim() > 1 and math.gcd(stride, weight.shape[-1]) != 1:  # (else the samples share a few columns)
-        stride += 1
-    return flat[::stride][:64].clone()
-
-
-def _inference_caches_apply(projection: nn.Module) -> bool:
-    """Whether results of `projection` may be kept across calls, keyed on its weight's storage and version: not for
-    an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export), where
-    tensors have no storage to identify."""
-    return _is_plain_linear(projection) and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
 # transformers 5.24 renamed the cache argument of generate() and of models' forward, and outputs' field, `cache`
@@ -782,9 +630,6 @@ class TxlFeedForward(nn.Module):
         return _layer_norm(self.layer_norm, hidden_states + output)
 
 
-_PLAIN_FORWARDS.update({TxlRelativeAttention: TxlRelativeAttention.forward, TxlFeedForward: TxlFeedForward.forward})
-
-
 class TxlLayer(GradientCheckpointingLayer):
     """One Transformer-XL layer: relative attention over `[memory; segment]`, then the feed-forward sub-layer."""
 
@@ -926,248 +771,7 @@ class TxlLayer(GradientCheckpointingLayer):
         return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm, version
 
 
-def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> object | None:
-    """The compiled operators where a step of the fused decoding kernels may run, as far as the call tells (each
-    layer's part: `TxlLayer._decode_step`): one float32 CPU row in inference (no gradients, autocast, tracing or
-    functorch transforms), no global module hooks, a bool mask of one row or none; else None."""
-    if (
-        hidden_states.dtype != torch.float32
-        or not _one_row_inference(hidden_states, hidden_states)  # (the weights' types: each layer's part)
-        or _global_module_hooks()
-        or (mask is not None and (mask.dtype != torch.bool or mask.numel() != mask.shape[-1]))
-    ):
-        return None
-    return compiled_operators()
-
-
-_PLAIN_FORWARDS[TxlLayer] = TxlLayer.forward
-
-
-_DATA_PTR = torch.Tensor.data_ptr
-_IS_CONTIGUOUS = torch.Tensor.is_contiguous
-_VERSION = operator.attrgetter("_version")
-_FORWARD = operator.attrgetter("forward")
-
-
-def _no_plan() -> None:
-    return None
-
-
-class _Watch:
-    """What some checks of modules found, kept so that a later call can ask cheaply whether they would find the same
-    (`holds`: a few comparisons of lists, made in C, instead of the checks' attribute lookups and calls, which a
-    decoded token pays for at every step). It compares with what it saw:
-
-    - torch's hook count (`RemovableHandle.next_id`: every module or global hook registered takes a number from it);
-    - by identity, the entries of the modules' dictionaries the checks read (`watch`): sub-modules and parameters
-      (an adapter, a replaced layer or weight), the registries themselves, training flags, an instance `forward`
-      (accelerate's hooks), attributes; the modules' types and their classes' forwards;
-    - the storage (`data_ptr`: `model.to()`, `.data =`), contiguity and version (in-place edits) of the tensors it
-      is given (`watch_storage`): those the compiled operators are handed, and (version) those whose contents
-      results were kept from.
-
-    A watch holds the modules it saw: its owner keeps it in its own dictionary (`_PLAN`; not copied or pickled) and
-    drops it when it may hold modules replaced since."""
-
-    def __init__(self) -> None:
-        self._dicts: list[dict] = []
-        self._keys: list[str] = []
-        self._seen: list[object] = []
-        self._modules: list[nn.Module] = []
-        self._types: list[type] = []
-        self._stored: list[torch.Tensor] = []
-        self._pointers: list[int] = []
-        self._versioned: list[torch.Tensor] = []
-        self._version_numbers: list[int] = []
-        self._hook_count = torch.utils.hooks.RemovableHandle.next_id
-
-    def watch(
-        self,
-        module: nn.Module,
-        *,
-        children: tuple[str, ...] = (),
-        parameters: tuple[str, ...] = (),
-        attributes: tuple[str, ...] = (),
-        typed: bool = True,
-    ) -> None:
-        """Remember the entries of `module`'s dictionaries the checks depend on, as they are now, and (`typed`) its
-        type."""
-        state = module.__dict__
-        if typed:
-            self._modules.append(module)
-            self._types.append(type(module))
-        entries = [(state, name) for name in attributes]
-        for registry, names in (("_modules", children), ("_parameters", parameters)):
-            if names:
-                entries.append((state, registry))
-                entries += ((state[registry], name) for name in names)
-        for dictionary, key in entries:
-            self._dicts.append(dictionary)
-            self._keys.append(key)
-            self._seen.append(dictionary.get(key))
-
-    def watch_storage(self, tensors: list[torch.Tensor], versions: bool = True) -> None:
-        """Remember the storage of each of `tensors`, contiguous now (a new one, `.data =` or `model.to()`, may be
-        of another dtype or device; another layout, the same storage's too, is seen as such: the compiled operators
-        take neither), and (`versions`: not for tensors made under torch.inference_mode(), which keep none) its
-        version."""
-        self._stored += tensors
-        self._pointers += map(_DATA_PTR, tensors)
-        if versions:
-            self._versioned += tensors
-            self._version_numbers += map(_VERSION, tensors)
-
-    def __reduce__(self):
-        return _no_plan, ()  # (a copy or a pickle of the model plans anew: its weights are other tensors)
-
-    def __deepcopy__(self, memo: dict) -> None:
-        return None
-
-    def holds(self) -> bool:
-        """Whether the checks would still find what they found (see the class docstring)."""
-        return (
-            torch.utils.hooks.RemovableHandle.next_id == self._hook_count
-            and tuple(map(_FORWARD, _FUSED_KINDS)) == _FUSED_FORWARDS
-            and all(map(operator.is_, map(dict.get, self._dicts, self._keys), self._seen))
-            and list(map(type, self._modules)) == self._types
-            and list(map(_DATA_PTR, self._stored)) == self._pointers
-            and all(map(_IS_CONTIGUOUS, self._stored))
-            and list(map(_VERSION, self._versioned)) == self._version_numbers
-        )
-
-
-class _DecodePlan(_Watch):
-    """Decoding's step over all layers (`TxlModel._decode_token`), planned once for many tokens: each layer's tensors
-    and scalars for `decode_layers` and its kept position table, as the full checks found them
-    (`TxlLayer._decode_parts`, `TxlRelativeAttention._relative_keys`), and what those checks read (`_Watch`): the
-    layers' and sub-layers' registries, modes, forwards and the attributes the step reads (scaling, eps, the config,
-    the kept position table, the training-phase count); the storage and version of the weights whose results are
-    kept (the memory's keys and values, the projected position table: the other weights the kernel reads as they are
-    at each token); the number of layers and the model's position table R (a longer stream or another dtype makes a
-    new one). At batch 1 the checks cost a small model about a third of its step at every token.
-
-    The memory is checked at every token (`TxlMemoryLayer.token_rooms`): it may be any stream's. The model keeps its
-    plan (`_PLAN`) until a forward that does not decode a token, so a module replaced after decoding is freed then."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # Per layer: its qkv weight, its other tensors, its kept projected position table `[H, L, D]` (or None), its
-        # attention module (where the table is not kept).
-        self.layers: list[tuple] = []
-        self.scalars: list[float] = []  # scaling and the two norms' eps, per layer
-        self.versions: list[tuple] = []  # the projection version each layer's memory must have
-        self.pre_lnorm = False
-        self.keepable = True  # (else made for this token only)
-        self.untie_r = False
-        self.table: torch.Tensor | None = None  # the model's position table R the plan was made for
-        self.layer_registry: dict = {}  # the layer list's registry, and its length then
-        self.layer_count = 0
-
-    @classmethod
-    def make(
-        cls, model: TxlModel, positions: torch.Tensor, untie_r: bool, sdpa_config: object | None
-    ) -> _DecodePlan | None:
-        """The plan for `model`'s layers now, or None where a layer cannot take the fused step. Gets each layer's
-        relative keys (`_relative_keys`, which keeps the projected table) as this token would."""
-        plan = cls()
-        parameters = model._parameters
-        shared_biases = (None, None) if untie_r else (parameters["content_bias"], parameters["position_bias"])
-        layers = model._modules["layers"]
-        parts = []
-        for layer in layers:
-            if not _is_unhooked(layer, TxlLayer) or (part := layer._decode_parts(*shared_biases, sdpa_config)) is None:
-                return None
-            parts.append(part)
-        if not parts or len({pre_lnorm for _, _, pre_lnorm, _ in parts}) != 1:
-            return None
-        table = positions if positions._base is None else positions._base  # [L, E], as _relative_keys takes it
-        plan.pre_lnorm, plan.untie_r, plan.table = parts[0][2], untie_r, table
-        # A table made for this call only (dropout on the positions: MC dropout) is never seen again.
-        plan.keepable = positions._base is not None
-        plan.watch(
-            model, children=("layers",), parameters=() if untie_r else ("content_bias", "position_bias"), typed=False
-        )
-        plan.watch(layers, children=tuple(layers._modules))
-        plan.layer_count, plan.layer_registry = len(layers._modules), layers._modules
-        for layer, (tensors, scalars, _, version) in zip(layers, parts):
-            attention, ffn = layer._modules["attention"], layer._modules["ffn"]
-            attention._relative_keys(positions)
-            kept = attention._position_table
-            kept_table = kept.projected if kept is not None and kept.table is table else None
-            plan.layers.append((tensors[0], tensors[1:], kept_table, attention))
-            plan.scalars += scalars
-            plan.versions.append(version)
-            plan.keepable = plan.keepable and attention.config is model.config
-            called = ("training", "forward")  # (a module the step stands in for: its mode and its forward)
-            plan.watch(layer, attributes=called, children=("attention", "ffn"))
-            plan.watch(
-                attention,
-                attributes=(*called, "config", "scaling", "pre_lnorm", "_position_table", "_training_phases"),
-                children=("qkv_proj", "pos_proj", "o_proj", "layer_norm", "dropout"),
-                parameters=("content_bias", "position_bias") if untie_r else (),
-            )
-            plan.watch(
-                ffn, attributes=(*called, "pre_lnorm"), children=("up_proj", "down_proj", "layer_norm", "dropout")
-            )
-            linears = [attention._modules[name] for name in ("qkv_proj", "pos_proj", "o_proj")]
-            linears += (ffn._modules[name] for name in ("up_proj", "down_proj"))
-            for linear in linears:
-                plan.watch(linear, attributes=("forward",), parameters=("weight", "bias"))
-            for norm in (attention._modules["layer_norm"], ffn._modules["layer_norm"]):
-                plan.watch(norm, attributes=("forward", "eps"), parameters=("weight", "bias"))
-            for dropout in (attention._modules["dropout"], ffn._modules["dropout"]):
-                plan.watch(dropout, attributes=("training", "p"))  # (`_dropout_acts`: MC dropout's p set later)
-            # Results made from these weights are kept (the memory's keys and values, the projected position
-            # table): their storage and version. The others the kernel reads as they are at each token (a weight's
-            # `.data` replaced: its new values), as long as their storage and layout are what the checks saw.
-            kept_from = [tensors[0], *(tensors[5:7] if attention.pre_lnorm else ())]
-            if kept_table is not None:
-                kept_from.append(attention._modules["pos_proj"]._parameters["weight"])
-            plan.watch_storage(kept_from)
-            plan.watch_storage([tensor for tensor in tensors[1:] if tensor is not None], versions=False)
-        return plan
-
-    def holds(self, positions: torch.Tensor, untie_r: bool) -> bool:
-        """Whether the full checks would still find what they found."""
-        table = positions if positions._base is None else positions._base
-        return (
-            table is self.table
-            and untie_r == self.untie_r
-            and len(self.layer_registry) == self.layer_count
-            and super().holds()
-        )
-
-    def rooms(self, memory_layers: list) -> tuple[list[torch.Tensor], list[int]] | None:
-        """The memory's room for the token in every layer (`TxlMemoryLayer.token_rooms`: buffers, and where each
-        window starts), or None where the memory cannot take the step (keys and values of other weights or another
-        dtype, a memory of an older copy of memory_txl.py): nothing changed then."""
-        kind = type(memory_layers[0])
-        token_rooms = getattr(kind, "token_rooms", None)
-        if token_rooms is None or len(memory_layers) != len(self.layers) or len(set(map(type, memory_layers))) != 1:
-            return None
-        return token_rooms(memory_layers, self.versions)
-
-    def kernel_tensors(self, buffers: list[torch.Tensor], positions: torch.Tensor) -> list[torch.Tensor | None]:
-        """`decode_layers`' tensors for this token, with offsets (`rooms`): per layer the buffers of its input, keys
-        and values, its weights, and its whole projected position table `[H, L, D]` (the kernel reads its last K
-        rows)."""
-        tensors = []
-        for (qkv_weight, rest, table, attention), layer_input, key, value in zip(
-            self.layers, buffers[0::3], buffers[1::3], buffers[2::3]
-        ):
-            if table is None:  # (not kept: an adapter or hook on pos_proj; it runs for every token, as it should)
-                table = attention._relative_keys(positions)  # [H, K, D]
-            tensors += (layer_input, qkv_weight, key, value, table, *rest)
-        return tensors
-
-
-_FUSED_KINDS = (TxlLayer, TxlRelativeAttention, TxlFeedForward, nn.Linear, nn.LayerNorm)
-_FUSED_FORWARDS = tuple(_PLAIN_FORWARDS[kind] for kind in _FUSED_KINDS)
-# Where a model keeps its decoding plan, and an adaptive softmax its tensors for one row: in the module's own
-# dictionary (read without nn.Module's attribute lookup), so that a module and its plan, which may reach each other
-# (through a hook's closure, accelerate's forward), are one cycle the garbage collector frees. A plan is neither
-# copied nor pickled (`_Watch.__reduce__`).
-_PLAN = "_txl_decode_plan"
+register_fused_kinds(TxlLayer, TxlRelativeAttention, TxlFeedForward)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1471,31 +1075,6 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             target_logprobs = tail_logprobs.gather(1, (targets[rows] - low)[:, None]).squeeze(1)
             nll = nll.index_put((rows,), -(head_logprobs[rows, self.shortlist_size + cluster - 1] + target_logprobs))
         return torch.where(targets == ignore_index, 0.0, nll)
-
-
-class _RowTensors(_Watch):
-    """An adaptive softmax's tensors for `adaptive_log_softmax_row` (`TxlAdaptiveLogSoftmax._row_tensors`), with a
-    watch of where they come from: the softmax's registries and the head's tail weight and bias, the output layers
-    (each one's weight and bias, and an attribute `weight` beside them: pruning's, computed by its hook at each
-    call) and projections, the storage and layout of the tensors; the cluster bounds as they were. (Not kept where
-    the tensors are views, slices of one table with div_val 1.)"""
-
-    def __init__(self, softmax: TxlAdaptiveLogSoftmax, tensors: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.tensors, self.bounds = tensors, list(softmax.bounds)
-        self.watch(
-            softmax,
-            children=("output_layers", "output_projections"),
-            parameters=("cluster_weight", "cluster_bias"),
-            attributes=("div_val", "n_clusters"),
-            typed=False,
-        )
-        layers, projections = softmax._modules["output_layers"], softmax._modules["output_projections"]
-        self.watch(layers, children=tuple(layers._modules))
-        self.watch(projections, parameters=tuple(projections._parameters))
-        for layer in layers:
-            self.watch(layer, parameters=("weight", "bias"), attributes=("weight", "forward"))
-        self.watch_storage([tensor for tensor in tensors if tensor is not None], versions=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
