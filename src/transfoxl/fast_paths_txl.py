@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -162,33 +161,17 @@ def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
 _identities = itertools.count(1)
 
 
-class _Identity:
-    """A weight's number (`_identity`), kept on the weight. The registry refers to this object, not to the weight: a
-    weak reference to a tensor stops `torch.utils.swap_tensors`, which `model.to()` uses for tensor subclasses and
-    under `torch.__future__.set_swap_module_params_on_conversion(True)`. A copy of the weight (deepcopy, pickle)
-    carries a copy of it, which the registry does not hold."""
-
-    __slots__ = ("__weakref__", "token")
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    def __reduce__(self):
-        return _Identity, (self.token,)
-
-
-_identified: weakref.WeakValueDictionary[int, _Identity] = weakref.WeakValueDictionary()
-
-
 def _identity(weight: torch.Tensor) -> int:
-    """A number for the tensor object `weight`, given on first use and kept on it (an attribute): unlike its
-    storage address, no other tensor of this process has it, also after `weight` is freed (a copy unpickled with the
-    attribute gets its own). Plain data, so that memories pickle."""
-    marker = weight.__dict__.get("_txl_identity")
-    if type(marker) is not _Identity or _identified.get(marker.token) is not marker:
-        marker = weight._txl_identity = _Identity(next(_identities))
-        _identified[marker.token] = marker
-    return marker.token
+    """A number for the tensor object `weight`, given on first use and kept on it with the object's id (an attribute
+    of plain data: a parameter saved with it still loads with `torch.load(weights_only=True)`). Unlike its storage
+    address, no other live tensor of this process has it, also after `weight` is freed: a copy (deepcopy, pickle)
+    carries the attribute but is another object, and gets a number of its own. (Nothing refers to the weight, not even
+    weakly: a weak reference stops `torch.utils.swap_tensors`, which `model.to()` uses for tensor subclasses and
+    under `torch.__future__.set_swap_module_params_on_conversion(True)`.)"""
+    mark = weight.__dict__.get("_txl_identity")
+    if type(mark) is not tuple or mark[1] != id(weight):
+        mark = weight._txl_identity = (next(_identities), id(weight))
+    return mark[0]
 
 
 def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
