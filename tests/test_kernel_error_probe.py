@@ -22,6 +22,7 @@ def test_every_refusal_of_the_package_s_build_raises(tmp_path: Path) -> None:
     assert set(cases) == set(kernel_error_probe.CASES)
     assert all(entry["outcome"] == "raised" and entry["message"] for entry in cases.values()), cases
     assert "3 tensors per cluster" in cases["softmax_row_count"]["message"]
+    assert "must be a matrix" in cases["torch_mm_shape"]["message"]
     assert "| default | built | raised |" in (tmp_path / "kernel_errors.md").read_text()
 
 

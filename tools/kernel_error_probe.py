@@ -7,9 +7,13 @@
 Each case calls one compiled operator with input it must refuse (a `TORCH_CHECK` that fails), in a process of its own,
 and records whether the process raised the RuntimeError or died (its signal). Each variant is the package's build
 command with one change, built into the kernel cache under its own key; `torch-extension` builds the same source
-through `torch.utils.cpp_extension.load` (torch's own flags and libraries). Written for GPU machines' images: there
-(torch 2.11.0+cu130, GCC 13.3) the one-row softmax's refusal crashed the process while the other operators' refusals
-raised (docs/performance.md, GPU paths).
+through `torch.utils.cpp_extension.load` (torch's own flags and libraries); `after-inductor` calls the default build
+after a `torch.compile` (inductor) in the same process; `torch_mm_shape` is torch's own operator refusing its input.
+Written for GPU machines' images: there (torch 2.11.0+cu130, GCC 13.3) the one-row softmax's refusal crashed a test
+worker while the other operators' refusals raised (docs/performance.md, GPU paths). A C++ error captures a stack trace
+(c10::Error), and the unwinder walking it has been seen to crash where a library's registered unwind tables went
+stale (pytorch/pytorch#117597): if every cell raises here but the suite crashes, what ran before in the worker is the
+suspect, not the build.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-VARIANTS = ("default", "c++17", "c++20", "no-openmp", "O1", "torch-extension")
+VARIANTS = ("default", "after-inductor", "c++17", "c++20", "no-openmp", "O1", "torch-extension")
 
 
 def _case_inputs() -> dict:
@@ -45,6 +49,7 @@ def _case_inputs() -> dict:
             (hidden, torch.zeros(3, dtype=torch.uint8), 1.0),
         ),
         "decode_layers_count": ("decode_layers", (hidden[None], [weight], None, [], False, [])),
+        "torch_mm_shape": (None, (hidden, weight)),  # (a control: torch's own operator refusing its input)
     }
 
 
@@ -79,6 +84,7 @@ def _operators(variant: str) -> object:
     flags = kernels._compile_flags
     changes = {
         "default": lambda found: found,
+        "after-inductor": lambda found: found,
         "c++17": lambda found: tuple("-std=c++17" if flag.startswith("-std=") else flag for flag in found),
         "c++20": lambda found: tuple("-std=c++20" if flag.startswith("-std=") else flag for flag in found),
         "no-openmp": lambda found: tuple(flag for flag in found if flag != "-fopenmp"),
@@ -100,9 +106,12 @@ def worker(variant: str, case: str) -> int:
     if case == "build":
         print(json.dumps({"built": True}), flush=True)
         return 0
+    if variant == "after-inductor":  # the default build, called after torch.compile has loaded a library of its own
+        compiled = torch.compile(lambda inputs: (inputs.sin() * 2).sum(), backend="inductor")
+        compiled(torch.randn(64))
     name, arguments = _case_inputs()[case]
     try:
-        getattr(operators, name)(*arguments)
+        (torch.ops.aten.mm if name is None else getattr(operators, name))(*arguments)
     except RuntimeError as error:
         print(json.dumps({"raised": str(error).splitlines()[0][:200]}), flush=True)
         return 0
