@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, tiny_lm
-from transfoxl import TxlForCausalLM, TxlMemory
+from transfoxl import TxlForCausalLM, TxlMemory, fast_paths_txl
 from transfoxl.fast_paths_txl import _identity
 from transfoxl.tokenization import build_word_level_tokenizer
 
@@ -176,12 +176,26 @@ def test_kept_results_name_the_weight_object_not_only_its_address():
     first, second = torch.zeros(4), torch.zeros(4)
     assert _identity(first) == _identity(first) != _identity(second)
     clone = pickle.loads(pickle.dumps(first))
-    assert clone.__dict__["_txl_identity"][0] == _identity(first)  # (the attribute travelled)
+    assert clone.__dict__["_txl_identity"] == (_identity(first),)  # (the attribute travelled)
     assert _identity(clone) not in (_identity(first), _identity(second))
     saved = io.BytesIO()
     torch.save(first, saved)  # (the attribute is plain data: a weights-only load takes it)
     loaded = torch.load(io.BytesIO(saved.getvalue()), weights_only=True)
     assert torch.equal(loaded, first) and _identity(loaded) != _identity(first)
+
+
+def test_a_weight_loaded_where_a_freed_one_was_gets_a_number_of_its_own(monkeypatch: pytest.MonkeyPatch):
+    """A weight saved after decoding carries its number's mark; loaded after the original was freed it may take the
+    original's id (and its storage address and version): it carries an equal mark, not the very one registered for
+    that id, and gets a number of its own, so a memory made with the original is not continued with its keys and
+    values. (Python reuses ids at will: the reuse is simulated by registering the original's mark at the copy's id.)"""
+    original = torch.nn.Parameter(torch.zeros(4))
+    number, mark = _identity(original), original.__dict__["_txl_identity"]
+    loaded = pickle.loads(pickle.dumps(original))
+    assert loaded.__dict__["_txl_identity"] == mark
+    monkeypatch.setitem(fast_paths_txl._marks, id(loaded), mark)  # (as if the original had been here)
+    assert _identity(loaded) != number
+    assert _identity(original) == number  # (the original, alive, keeps its own)
 
 
 def test_weights_can_be_swapped_after_decoding_and_the_next_tokens_use_them():

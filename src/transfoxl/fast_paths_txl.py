@@ -159,18 +159,23 @@ def _dropout(module: TxlDropout, inputs: torch.Tensor) -> torch.Tensor:
 
 
 _identities = itertools.count(1)
+# The mark each identified weight object carries, by the object's id: a mark counts only where it is this very
+# object. (An entry outlives its weight until another object takes the id: a few bytes per id ever identified.)
+_marks: dict[int, tuple[int]] = {}
 
 
 def _identity(weight: torch.Tensor) -> int:
-    """A number for the tensor object `weight`, given on first use and kept on it with the object's id (an attribute
-    of plain data: a parameter saved with it still loads with `torch.load(weights_only=True)`). Unlike its storage
-    address, no other live tensor of this process has it, also after `weight` is freed: a copy (deepcopy, pickle)
-    carries the attribute but is another object, and gets a number of its own. (Nothing refers to the weight, not even
-    weakly: a weak reference stops `torch.utils.swap_tensors`, which `model.to()` uses for tensor subclasses and
-    under `torch.__future__.set_swap_module_params_on_conversion(True)`.)"""
+    """A number for the tensor object `weight`, given on first use: unlike its storage address, no other tensor of
+    this process has it, also after `weight` is freed. It is kept on the weight as a mark of plain data (a one-number
+    tuple: a parameter saved with it still loads with `torch.load(weights_only=True)`), which counts only while it is
+    the very object registered for this weight's id: a copy or a loaded weight carries another tuple, also where it
+    took a freed weight's id (the memory's kept keys and values would otherwise be taken as made by it). Nothing
+    refers to the weight, not even weakly: a weak reference stops `torch.utils.swap_tensors`, which `model.to()`
+    uses for tensor subclasses and under `torch.__future__.set_swap_module_params_on_conversion(True)`."""
     mark = weight.__dict__.get("_txl_identity")
-    if type(mark) is not tuple or mark[1] != id(weight):
-        mark = weight._txl_identity = (next(_identities), id(weight))
+    if mark is None or _marks.get(id(weight)) is not mark:  # (`is`: an equal mark is a copy's)
+        mark = weight._txl_identity = (next(_identities),)
+        _marks[id(weight)] = mark
     return mark[0]
 
 
