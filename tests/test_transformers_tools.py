@@ -579,6 +579,41 @@ def export_and_run(model, ids, **kwargs):
     return program.module()(ids, **kwargs)
 
 
+def test_set_attn_implementation_switches_a_built_model_between_eager_and_sdpa(monkeypatch):
+    """`set_attn_implementation` (transformers' way to switch a loaded model's attention) takes effect: a stream
+    switched between two tokens continues by the new implementation's path, with the values of a model built with it
+    continuing the same memory, and back; an implementation the model lacks is refused."""
+    from transfoxl import modeling_txl
+
+    eager_calls = []
+    eager = modeling_txl.eager_relative_attention
+    monkeypatch.setattr(
+        modeling_txl, "eager_relative_attention", lambda *a, **k: eager_calls.append(1) or eager(*a, **k)
+    )
+    tokens = random_ids(1, 9, seed=2)
+    built = {name: tiny_lm(attn_implementation=name, mem_len=8) for name in ("eager", "sdpa")}
+    model = tiny_lm(mem_len=8)
+    assert model.config._attn_implementation == "sdpa"
+
+    def stream(prompt_model, next_model, switch_to=None):
+        with torch.no_grad():
+            memory = prompt_model(tokens[:, :6], use_cache=True).past_key_values
+            if switch_to is not None:
+                next_model.set_attn_implementation(switch_to)
+            eager_calls.clear()
+            return torch.cat([next_model(tokens[:, i : i + 1], past_key_values=memory).logits for i in range(6, 9)], 1)
+
+    for first, second in (("sdpa", "eager"), ("eager", "sdpa")):
+        expected = stream(built[first], built[second])
+        model.set_attn_implementation(first)
+        torch.testing.assert_close(stream(model, model, switch_to=second), expected)
+        assert bool(eager_calls) == (second == "eager")  # (three tokens by the eager path, or none)
+        assert model.transformer.layers[0].attention.config._attn_implementation == second
+    with pytest.raises(ValueError, match="Flash Attention 2"):
+        model.set_attn_implementation("flash_attention_2")
+    assert model.config._attn_implementation == "sdpa"
+
+
 @pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
 def test_torch_export_without_memory_equals_eager(model_class, one_thread):
     torch.manual_seed(0)

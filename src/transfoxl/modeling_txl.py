@@ -1100,6 +1100,13 @@ class TxlPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["TxlLayer"]
     _supports_sdpa = True
     _supports_attention_backend = False
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """`set_attn_implementation("eager" | "sdpa")` may switch a built model: its attention reads
+        `config._attn_implementation` at every forward. (transformers guesses otherwise from the module's source: it
+        looks for its attention-function registry, which these two paths do not use.)"""
+        return True
     # v4 stored the sinusoid's frequencies as a buffer; they are recomputed here.
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
 
