@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -577,6 +578,33 @@ def test_being_another_models_assistant_is_refused():
 def export_and_run(model, ids, **kwargs):
     program = torch.export.export(model, (ids,), kwargs)
     return program.module()(ids, **kwargs)
+
+
+def test_device_map_may_offload_the_layers_but_not_the_adaptive_embedding_or_softmax(tmp_path):
+    """`from_pretrained(device_map=...)` with the layers offloaded to disk (accelerate loads each layer's weights
+    around its call) generates the model's tokens; offloading the adaptive embedding or softmax, which read their
+    projections directly, is refused at load with what to do instead of a meta-tensor error at the first token."""
+    model = tiny_lm(mem_len=8)
+    model.save_pretrained(tmp_path / "model")
+    prompt = random_ids(1, 6, seed=3)
+    greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    expected = model.generate(prompt, **greedy)
+    own = {f"transformer.{name}": "cpu" for name, _ in model.transformer.named_parameters(recurse=False)}
+    places = {"transformer.word_embeddings": "cpu", "transformer.layers": "disk", "adaptive_softmax": "cpu", **own}
+    offloaded = TxlForCausalLM.from_pretrained(
+        tmp_path / "model", device_map=places, offload_folder=str(tmp_path / "offload")
+    )
+    assert offloaded.transformer.layers[0].attention.qkv_proj.weight.is_meta  # (loaded only around each call)
+    assert torch.equal(offloaded.generate(prompt, **greedy), expected)
+    for name in ("adaptive_softmax", "transformer.word_embeddings"):
+        with pytest.raises(ValueError, match=f"device_map offloads {re.escape(name)} "):
+            TxlForCausalLM.from_pretrained(
+                tmp_path / "model", device_map={**places, name: "disk"}, offload_folder=str(tmp_path / name)
+            )
+    with pytest.raises(ValueError, match=r"device_map offloads transformer\.word_embeddings "):  # (all on disk)
+        TxlForCausalLM.from_pretrained(
+            tmp_path / "model", device_map="auto", max_memory={"cpu": "1KB"}, offload_folder=str(tmp_path / "auto")
+        )
 
 
 def test_set_attn_implementation_switches_a_built_model_between_eager_and_sdpa(monkeypatch):

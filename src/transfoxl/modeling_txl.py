@@ -483,16 +483,19 @@ class TxlRelativeAttention(nn.Module):
         memory: LayerMemory | None,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
-        content_bias: torch.Tensor,
-        position_bias: torch.Tensor,
+        content_bias: torch.Tensor | None,
+        position_bias: torch.Tensor | None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from the segment to `[memory; segment]`.
 
         hidden_states `[B, Q, E]`; memory: what this layer reads of the memory for this segment, or None; positions
-        `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden, or None; content_bias, position_bias (u, v) `[H, D]`.
+        `[K, E]`; mask `[Q, K]` or `[B, 1, Q, K]`, True = hidden, or None; content_bias, position_bias (u, v) `[H, D]`:
+        the model's shared ones, or None for this attention's own (untie_r).
         Returns the new hidden states `[B, Q, E]` and the probabilities `[B, H, Q, K]` (with `output_attentions`).
         """
+        if content_bias is None:
+            content_bias, position_bias = self.content_bias, self.position_bias
         batch, q_len, _ = hidden_states.shape
         hidden_memory = None if memory is None else memory.hidden  # [B, M, E]
         store = None if memory is None else memory.projection_store
@@ -1092,12 +1095,50 @@ class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
     losses: torch.Tensor | None = None
 
 
+_ADAPTIVE_MODULES = ("transformer.word_embeddings", "word_embeddings", "adaptive_softmax")
+
+
+def _offload_refused(name: str) -> ValueError:
+    return ValueError(
+        f"device_map offloads {name} (offloaded weights are loaded only around each call of their own modules, and "
+        "the adaptive embedding and softmax read their projections directly). Keep it on a device: more max_memory, "
+        f"or a device_map that gives {name!r} a device; the layers (transformer.layers) may be offloaded."
+    )
+
+
+def _check_device_map(device_map: object) -> None:
+    """A `device_map` dict that puts the adaptive embedding or softmax on disk is refused before loading (see
+    `_refuse_offloaded_adaptive_modules`)."""
+    if isinstance(device_map, dict):
+        for key, place in device_map.items():
+            for name in _ADAPTIVE_MODULES:
+                covers = key in ("", name) or name.startswith(f"{key}.") or key.startswith(f"{name}.")
+                if place == "disk" and covers:
+                    raise _offload_refused(key or name)
+
+
+def _refuse_offloaded_adaptive_modules(model: nn.Module) -> nn.Module:
+    """`model`, unless `device_map` offloaded (to disk, or to the CPU beside accelerators) its adaptive embedding or
+    softmax: accelerate's offloading loads a module's weights only around that module's own call, and these read
+    their clusters' projections (parameter lists, never called) directly. The layers may be offloaded."""
+    for name, module in model.named_modules():
+        if not isinstance(module, (TxlAdaptiveEmbedding, TxlAdaptiveLogSoftmax)):
+            continue
+        for part in module.modules():
+            hook = part.__dict__.get("_hf_hook")
+            if any(getattr(each, "offload", False) for each in getattr(hook, "hooks", (hook,))):
+                raise _offload_refused(name)
+    return model
+
+
 class TxlPreTrainedModel(PreTrainedModel):
     config_class = TxlConfig
     base_model_prefix = "transformer"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["TxlLayer"]
+    # (The adaptive embedding and softmax whole: their tied tables and projections stay together, and transformers'
+    # device map cannot place a tied parameter of a split ParameterList.)
+    _no_split_modules = ["TxlLayer", "TxlAdaptiveEmbedding", "TxlAdaptiveLogSoftmax"]
     _supports_sdpa = True
     _supports_attention_backend = False
 
@@ -1107,6 +1148,7 @@ class TxlPreTrainedModel(PreTrainedModel):
         `config._attn_implementation` at every forward. (transformers guesses otherwise from the module's source: it
         looks for its attention-function registry, which these two paths do not use.)"""
         return True
+
     # v4 stored the sinusoid's frequencies as a buffer; they are recomputed here.
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
 
@@ -1121,6 +1163,7 @@ class TxlPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         # Legacy `.bin` checkpoints are pickles: only ever read them with torch's restricted (weights-only) loader.
+        _check_device_map(kwargs.get("device_map"))
         if kwargs.get("weights_only") is False:
             raise ValueError(
                 "weights_only=False is refused: a pickled checkpoint could run arbitrary code. Checkpoints load "
@@ -1132,12 +1175,12 @@ class TxlPreTrainedModel(PreTrainedModel):
         # (Absolute, in a try: transformers copies a file's relative imports into model folders and requires the
         # packages of its other imports, outside try blocks, to be installed.)
         if __name__ != "transfoxl.modeling_txl":
-            return super().from_pretrained(*args, **kwargs)
+            return _refuse_offloaded_adaptive_modules(super().from_pretrained(*args, **kwargs))
         try:
             from transfoxl.checkpoints import load_checked
         except ImportError:
-            return super().from_pretrained(*args, **kwargs)
-        return load_checked(super().from_pretrained, *args, **kwargs)
+            return _refuse_offloaded_adaptive_modules(super().from_pretrained(*args, **kwargs))
+        return _refuse_offloaded_adaptive_modules(load_checked(super().from_pretrained, *args, **kwargs))
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """`PreTrainedModel.save_pretrained`, always in the `txl` format: a model loaded from a legacy (`transfo-xl`)
@@ -1503,9 +1546,9 @@ class TxlModel(TxlPreTrainedModel):
             self.__dict__.pop(_PLAN, None)  # (not decoding: what a plan holds may go; a traced graph keeps no state)
         for layer, memory_layer in zip(self.layers, memory_layers):
             layer_inputs.append(hidden_states)
-            attention = layer.attention
-            content_bias = attention.content_bias if untie_r else self.content_bias
-            position_bias = attention.position_bias if untie_r else self.position_bias
+            # Untied u and v are read by the attention itself: inside the layer's call, where offloading's hooks
+            # (device_map) have loaded its parameters.
+            content_bias, position_bias = (None, None) if untie_r else (self.content_bias, self.position_bias)
             layer_memory = None if memory_layer is None else memory_layer.read(keep_projections)
             hidden_states, attn_weights = layer(
                 layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
