@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import string
 
 import pytest
 import torch
@@ -369,6 +370,27 @@ def test_the_word_level_tokenizer_leaves_a_prompt_open_in_the_pipeline():
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     output = generator("w5 w17 w60", max_new_tokens=4, return_full_text=False, **GREEDY)
     assert output[0]["generated_text"].split() == tokenizer.decode(expected, skip_special_tokens=True).split()
+
+
+def test_stop_strings_stop_with_a_tokenizer_that_spells_them_and_a_word_level_one_is_told_what_to_do():
+    """generate(stop_strings=...) stops where the text ends with one (a character-level tokenizer); with a word-level
+    tokenizer, which cannot spell transformers' probe text, a clear error says what to do instead of transformers'
+    "substring not found" (GPT-2 given the same tokenizer fails alike)."""
+    from transfoxl.tokenization import train_char_level
+
+    characters = train_char_level([string.ascii_letters])
+    model = tiny_lm(mem_len=16, vocab_size=len(characters))
+    prompt = torch.tensor([[5, 17, 40]])
+    free = model.generate(prompt, max_new_tokens=12, **GREEDY)[0, 3:]
+    text = characters.decode(free)
+    stop = text[4:6]  # (ends at the sixth new character, or earlier where it occurs before)
+    stopped = model.generate(prompt, max_new_tokens=12, stop_strings=[stop], tokenizer=characters, **GREEDY)[0, 3:]
+    assert len(text) == len(free)  # (one character a token: the sixth character ends the sixth token)
+    assert characters.decode(stopped).endswith(stop) and len(stopped) <= 6
+    assert torch.equal(stopped, free[: len(stopped)])
+    words = build_word_level_tokenizer(["<eos>", "<unk>", *(f"w{index}" for index in range(2, 97))])
+    with pytest.raises(ValueError, match="needs a tokenizer that can spell any text, and this one encodes 'abcdef'"):
+        model.generate(prompt, max_new_tokens=4, stop_strings=["w5"], tokenizer=words, **GREEDY)
 
 
 def test_a_mismatched_memory_gets_a_clear_error():

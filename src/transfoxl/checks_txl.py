@@ -312,6 +312,24 @@ def check_generation_settings(setting: Callable[[str], Any], vocab_size: int) ->
                 )
 
 
+def check_stop_strings_tokenizer(tokenizer: Any) -> None:
+    """generate(stop_strings=..., tokenizer=...): transformers' StopStringCriteria spells every token after a probe
+    text it encodes; a tokenizer that cannot encode it (a word-level vocabulary, wt103's, makes it an unknown word)
+    fails there with "substring not found". Checked the same way first, for a message that says what to do."""
+    probe = "abcdef"  # (StopStringCriteria.clean_tokenizer_vocab's)
+    try:
+        ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+        spelled = tokenizer.convert_tokens_to_string([tokenizer._convert_id_to_token(token) for token in ids])
+    except Exception:  # (another kind of tokenizer: transformers says what it needs)
+        return
+    if probe not in spelled:
+        raise ValueError(
+            f"generate(stop_strings=...) needs a tokenizer that can spell any text, and this one encodes {probe!r} as "
+            f"{spelled!r} (a word-level vocabulary has only its words). Stop on token ids instead: eos_token_id=[ids] "
+            "or a StoppingCriteria, or use a character or byte-level tokenizer."
+        )
+
+
 def reject_unknown_arguments(kwargs: dict) -> None:
     """A misspelt or v4-only argument must not be dropped silently (v4's `mems=` would lose the memory)."""
     if "mems" in kwargs:

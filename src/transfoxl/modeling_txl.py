@@ -71,6 +71,7 @@ from .checks_txl import (
     check_num_items,
     check_positions,
     check_prompt,
+    check_stop_strings_tokenizer,
     check_targets,
     reject_unknown_arguments,
     require_integer,
@@ -1834,6 +1835,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
         check_generation_settings(setting, self.config.vocab_size)
+        if setting("stop_strings") and kwargs.get("tokenizer") is not None:
+            check_stop_strings_tokenizer(kwargs["tokenizer"])
         if setting("repetition_penalty") not in (None, 1.0):
             logger.warning_once(
                 "repetition_penalty acts on this model's scores, log-probabilities (all <= 0), by multiplying them: "
