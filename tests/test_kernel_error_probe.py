@@ -34,7 +34,25 @@ def test_a_process_that_dies_is_reported_by_its_signal(tmp_path: Path, monkeypat
     assert kernel_error_probe._run("default", "softmax_row_count", timeout=30)["outcome"] == "killed by SIGSEGV"
 
 
-def test_unknown_variants_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--variants", "default,c++23"], "--variants: unknown c++23"),
+        (["--variants", ""], "--variants: none given"),
+        (["--variants", "default", "--out", os.devnull], "exists and is not a folder"),
+        (["--variants", "default"], "--out is required"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_runs(arguments, message, capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit):
-        kernel_error_probe.main(["--variants", "default,c++23", "--out", os.devnull])
-    assert "--variants: unknown c++23" in capsys.readouterr().err
+        kernel_error_probe.main(arguments)
+    assert message in capsys.readouterr().err
+
+
+def test_nothing_probed_is_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the kernels turned off the builds fail: the exit status says so, and the reason is printed."""
+    monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
+    assert kernel_error_probe.main(["--variants", "default", "--out", str(tmp_path)]) == 1
+    results = json.loads((tmp_path / "kernel_errors.json").read_text())
+    assert results["variants"]["default"]["build"]["outcome"] == "exit status 1"
+    assert "TRANSFOXL_CPU_KERNEL=0" in results["variants"]["default"]["build"]["stderr"][-1]

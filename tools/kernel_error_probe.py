@@ -91,9 +91,14 @@ def _operators(variant: str) -> object:
         "O1": lambda found: tuple("-O1" if flag == "-O3" else flag for flag in found),
     }
     kernels._compile_flags = lambda capability: changes[variant](flags(capability))
+    if not kernels.supported_here():
+        raise RuntimeError(
+            "the compiled kernels are off or unsupported here (TRANSFOXL_CPU_KERNEL=0, or not Linux on x86-64 with "
+            "AVX2): nothing to probe"
+        )
     operators = kernels.compiled_operators()
     if operators is None:
-        raise RuntimeError(f"the {variant} build is not available here (see the warning above)")
+        raise RuntimeError(f"the {variant} build is not available here (the warning above says why)")
     return operators
 
 
@@ -175,7 +180,7 @@ def markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="folder for kernel_errors.json and kernel_errors.md")
+    parser.add_argument("--out", type=Path, help="folder for kernel_errors.json and kernel_errors.md (required)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--backtrace", action="store_true", help="run the first crash again under cuda-gdb or gdb")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one process (a build included)")
@@ -186,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     variants = [name for name in args.variants.split(",") if name]
     if unknown := sorted(set(variants) - set(VARIANTS)):
         parser.error(f"--variants: unknown {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
+    if not variants:
+        parser.error(f"--variants: none given; expected some of {', '.join(VARIANTS)}")
     if args.out is None:
         parser.error("--out is required")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} exists and is not a folder")
     compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()
     results: dict = {
         "facts": {"torch": torch.__version__, "compiler": compiler[0] if compiler else "no c++ on PATH"},
@@ -207,13 +216,16 @@ def main(argv: list[str] | None = None) -> int:
         for (variant, case), call in calls.items():
             results["variants"][variant]["cases"][case] = call.result()
     crashed = [key for key, call in calls.items() if call.result()["outcome"] not in ("raised", "no error")]
+    unbuilt = [variant for variant, entry in results["variants"].items() if entry["build"]["outcome"] != "built"]
     if args.backtrace and crashed:
         results["backtrace"] = {"of": "/".join(crashed[0]), "lines": backtrace(*crashed[0]) or ["(no debugger)"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_errors.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "kernel_errors.md").write_text(markdown(results))
     print(markdown(results))
-    return 1 if crashed else 0
+    for variant in unbuilt:
+        print(f"{variant}: not built: " + " ".join(results["variants"][variant]["build"].get("stderr", [])[-1:]))
+    return 1 if crashed or unbuilt else 0
 
 
 if __name__ == "__main__":
