@@ -1118,10 +1118,12 @@ def _check_device_map(device_map: object) -> None:
                     raise _offload_refused(key or name)
 
 
-def _refuse_offloaded_adaptive_modules(model: nn.Module) -> nn.Module:
-    """`model`, unless `device_map` offloaded (to disk, or to the CPU beside accelerators) its adaptive embedding or
-    softmax: accelerate's offloading loads a module's weights only around that module's own call, and these read
-    their clusters' projections (parameter lists, never called) directly. The layers may be offloaded."""
+def _refuse_offloaded_adaptive_modules(loaded: nn.Module | tuple) -> nn.Module | tuple:
+    """`from_pretrained`'s result (the model, or the model and its loading info), unless `device_map` offloaded (to
+    disk, or to the CPU beside accelerators) the model's adaptive embedding or softmax: accelerate's offloading loads
+    a module's weights only around that module's own call, and these read their clusters' projections (parameter
+    lists, never called) directly. The layers may be offloaded."""
+    model = loaded[0] if isinstance(loaded, tuple) else loaded
     for name, module in model.named_modules():
         if not isinstance(module, (TxlAdaptiveEmbedding, TxlAdaptiveLogSoftmax)):
             continue
@@ -1129,7 +1131,7 @@ def _refuse_offloaded_adaptive_modules(model: nn.Module) -> nn.Module:
             hook = part.__dict__.get("_hf_hook")
             if any(getattr(each, "offload", False) for each in getattr(hook, "hooks", (hook,))):
                 raise _offload_refused(name)
-    return model
+    return loaded
 
 
 class TxlPreTrainedModel(PreTrainedModel):
