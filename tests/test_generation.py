@@ -391,6 +391,9 @@ def test_stop_strings_stop_with_a_tokenizer_that_spells_them_and_a_word_level_on
     words = build_word_level_tokenizer(["<eos>", "<unk>", *(f"w{index}" for index in range(2, 97))])
     with pytest.raises(ValueError, match="needs a tokenizer that can spell any text, and this one encodes 'abcdef'"):
         model.generate(prompt, max_new_tokens=4, stop_strings=["w5"], tokenizer=words, **GREEDY)
+    bases = train_char_level(["ACGT" * 8])  # (characters, but not those of the probe)
+    with pytest.raises(ValueError, match="a character-level one only its characters"):
+        tiny_lm(mem_len=16).generate(prompt, max_new_tokens=4, stop_strings=["AC"], tokenizer=bases, **GREEDY)
 
 
 def test_a_mismatched_memory_gets_a_clear_error():

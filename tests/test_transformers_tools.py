@@ -605,6 +605,8 @@ def test_device_map_may_offload_the_layers_but_not_the_adaptive_embedding_or_sof
         TxlForCausalLM.from_pretrained(
             tmp_path / "model", device_map="auto", max_memory={"cpu": "1KB"}, offload_folder=str(tmp_path / "auto")
         )
+    with pytest.raises(ValueError, match=r"offloads word_embeddings .* the layers \(layers\) may be offloaded"):
+        TxlModel.from_pretrained(tmp_path / "model", device_map={"": "disk"}, offload_folder=str(tmp_path / "base"))
 
 
 def test_set_attn_implementation_switches_a_built_model_between_eager_and_sdpa(monkeypatch):

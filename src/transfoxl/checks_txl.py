@@ -325,8 +325,9 @@ def check_stop_strings_tokenizer(tokenizer: Any) -> None:
     if probe not in spelled:
         raise ValueError(
             f"generate(stop_strings=...) needs a tokenizer that can spell any text, and this one encodes {probe!r} as "
-            f"{spelled!r} (a word-level vocabulary has only its words). Stop on token ids instead: eos_token_id=[ids] "
-            "or a StoppingCriteria, or use a character or byte-level tokenizer."
+            f"{spelled!r}: its vocabulary cannot (a word-level one has only its words, a character-level one only "
+            "its characters). Stop on token ids instead: eos_token_id=[ids] or a StoppingCriteria; or use a "
+            "tokenizer that spells any text, such as a byte-level BPE."
         )
 
 

@@ -1096,26 +1096,24 @@ class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
     losses: torch.Tensor | None = None
 
 
-_ADAPTIVE_MODULES = ("transformer.word_embeddings", "word_embeddings", "adaptive_softmax")
-
-
-def _offload_refused(name: str) -> ValueError:
+def _offload_refused(name: str, prefix: str) -> ValueError:
     return ValueError(
         f"device_map offloads {name} (offloaded weights are loaded only around each call of their own modules, and "
         "the adaptive embedding and softmax read their projections directly). Keep it on a device: more max_memory, "
-        f"or a device_map that gives {name!r} a device; the layers (transformer.layers) may be offloaded."
+        f"or a device_map that gives {name!r} a device; the layers ({prefix}layers) may be offloaded."
     )
 
 
-def _check_device_map(device_map: object) -> None:
+def _check_device_map(device_map: object, prefix: str) -> None:
     """A `device_map` dict that puts the adaptive embedding or softmax on disk is refused before loading (see
-    `_refuse_offloaded_adaptive_modules`)."""
+    `_refuse_offloaded_adaptive_modules`). `prefix`: the base model's path in the class loaded ("transformer." or
+    "")."""
     if isinstance(device_map, dict):
         for key, place in device_map.items():
-            for name in _ADAPTIVE_MODULES:
+            for name in (f"{prefix}word_embeddings", "adaptive_softmax"):
                 covers = key in ("", name) or name.startswith(f"{key}.") or key.startswith(f"{name}.")
                 if place == "disk" and covers:
-                    raise _offload_refused(key or name)
+                    raise _offload_refused(key or name, prefix)
 
 
 def _refuse_offloaded_adaptive_modules(loaded: nn.Module | tuple) -> nn.Module | tuple:
@@ -1130,7 +1128,7 @@ def _refuse_offloaded_adaptive_modules(loaded: nn.Module | tuple) -> nn.Module |
         for part in module.modules():
             hook = part.__dict__.get("_hf_hook")
             if any(getattr(each, "offload", False) for each in getattr(hook, "hooks", (hook,))):
-                raise _offload_refused(name)
+                raise _offload_refused(name, "" if isinstance(model, TxlModel) else "transformer.")
     return loaded
 
 
@@ -1166,7 +1164,7 @@ class TxlPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         # Legacy `.bin` checkpoints are pickles: only ever read them with torch's restricted (weights-only) loader.
-        _check_device_map(kwargs.get("device_map"))
+        _check_device_map(kwargs.get("device_map"), "" if issubclass(cls, TxlModel) else "transformer.")
         if kwargs.get("weights_only") is False:
             raise ValueError(
                 "weights_only=False is refused: a pickled checkpoint could run arbitrary code. Checkpoints load "
