@@ -179,6 +179,11 @@ def test_kept_results_name_the_weight_object_not_only_its_address():
     clone = pickle.loads(pickle.dumps(first))
     assert clone.__dict__["_txl_identity"] == (_identity(first),)  # (the attribute travelled)
     assert _identity(clone) not in (_identity(first), _identity(second))
+    for duplicate in (copy.copy(first), copy.deepcopy(first)):  # (the same mark object, at another id)
+        assert duplicate.__dict__["_txl_identity"] is first.__dict__["_txl_identity"]
+        assert _identity(duplicate) not in (_identity(first), _identity(second), _identity(clone))
+    parameter = torch.nn.Parameter(torch.zeros(4))
+    assert _identity(copy.deepcopy(parameter)) != _identity(parameter)
     saved = io.BytesIO()
     torch.save(first, saved)  # (the attribute is plain data: a weights-only load takes it)
     loaded = torch.load(io.BytesIO(saved.getvalue()), weights_only=True)

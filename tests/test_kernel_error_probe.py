@@ -34,6 +34,30 @@ def test_a_process_that_dies_is_reported_by_its_signal(tmp_path: Path, monkeypat
     assert kernel_error_probe._run("default", "softmax_row_count", timeout=30)["outcome"] == "killed by SIGSEGV"
 
 
+def test_an_unnamed_signal_is_reported_by_its_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dies = tmp_path / "dies"
+    dies.write_text("#!/bin/sh\nkill -s RTMIN+3 $$ 2>/dev/null || kill -42 $$\n")
+    dies.chmod(0o755)
+    monkeypatch.setattr(kernel_error_probe.sys, "executable", str(dies))
+    assert kernel_error_probe._run("default", "softmax_row_count", timeout=30)["outcome"].startswith(
+        "killed by signal "
+    )
+
+
+def test_a_refusal_that_lets_bad_input_through_is_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case whose call returns instead of raising ("no error") fails the probe like a crash."""
+    outcomes = {"build": {"outcome": "built"}, "row_linear_dtype": {"outcome": "no error", "message": None}}
+    monkeypatch.setattr(
+        kernel_error_probe,
+        "_run",
+        lambda variant, case, timeout: outcomes.get(case, {"outcome": "raised", "message": "refused"}),
+    )
+    assert kernel_error_probe.main(["--variants", "default", "--out", str(tmp_path)]) == 1
+    assert "default/row_linear_dtype: no error (expected: raised)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

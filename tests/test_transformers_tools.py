@@ -607,6 +607,27 @@ def test_device_map_may_offload_the_layers_but_not_the_adaptive_embedding_or_sof
         )
     with pytest.raises(ValueError, match=r"offloads word_embeddings .* the layers \(layers\) may be offloaded"):
         TxlModel.from_pretrained(tmp_path / "model", device_map={"": "disk"}, offload_folder=str(tmp_path / "base"))
+    with pytest.raises(ValueError, match=r"device_map offloads transformer\.word_embeddings "):  # (its parent)
+        TxlForCausalLM.from_pretrained(
+            tmp_path / "model",
+            device_map={"transformer": "disk", "adaptive_softmax": "cpu"},
+            offload_folder=str(tmp_path / "parent"),
+        )
+
+
+@pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
+def test_each_class_names_only_modules_it_has_as_not_to_be_split(model_class):
+    """`_no_split_modules` is what FSDP's auto-wrap (through accelerate) and device maps read: every name must be a
+    module class of that model (accelerate's lookup refuses one it cannot find), and the layers and the adaptive
+    modules are among them."""
+    from accelerate.utils.dataclasses import get_module_class_from_name
+
+    model = model_class(tiny_config())
+    names = set(model._no_split_modules)
+    assert {"TxlLayer", "TxlAdaptiveEmbedding"} <= names
+    assert ("TxlAdaptiveLogSoftmax" in names) == (model_class is TxlForCausalLM)
+    for name in names:
+        assert get_module_class_from_name(model, name) is not None, name
 
 
 def test_set_attn_implementation_switches_a_built_model_between_eager_and_sdpa(monkeypatch):

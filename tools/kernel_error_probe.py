@@ -124,6 +124,13 @@ def worker(variant: str, case: str) -> int:
     return 0
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # (a real-time signal, or one this platform does not name)
+        return f"signal {number}"
+
+
 def _run(variant: str, case: str, timeout: float) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, case]
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
@@ -138,7 +145,7 @@ def _run(variant: str, case: str, timeout: float) -> dict:
             return {"outcome": "built"}
         return {"outcome": "raised" if found["raised"] else "no error", "message": found["raised"]}
     code = completed.returncode
-    died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    died = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
     if code == 134:
         died = "aborted (exit status 134)"
     return {"outcome": died, "stderr": completed.stderr.strip().splitlines()[-12:]}
@@ -215,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for (variant, case), call in calls.items():
             results["variants"][variant]["cases"][case] = call.result()
-    crashed = [key for key, call in calls.items() if call.result()["outcome"] not in ("raised", "no error")]
+    # A case fails where the call did not raise: "no error" is a check that let bad input through.
+    failed = [key for key, call in calls.items() if call.result()["outcome"] != "raised"]
+    crashed = [key for key in failed if calls[key].result()["outcome"] != "no error"]
     unbuilt = [variant for variant, entry in results["variants"].items() if entry["build"]["outcome"] != "built"]
     if args.backtrace and crashed:
         results["backtrace"] = {"of": "/".join(crashed[0]), "lines": backtrace(*crashed[0]) or ["(no debugger)"]}
@@ -225,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(results))
     for variant in unbuilt:
         print(f"{variant}: not built: " + " ".join(results["variants"][variant]["build"].get("stderr", [])[-1:]))
-    return 1 if crashed or unbuilt else 0
+    for variant, case in failed:
+        print(f"{variant}/{case}: {results['variants'][variant]['cases'][case]['outcome']} (expected: raised)")
+    return 1 if failed or unbuilt else 0
 
 
 if __name__ == "__main__":

@@ -648,11 +648,12 @@ class TxlLayer(GradientCheckpointingLayer):
         memory: LayerMemory | None,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
-        content_bias: torch.Tensor,
-        position_bias: torch.Tensor,
+        content_bias: torch.Tensor | None,
+        position_bias: torch.Tensor | None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Same arguments and results as `TxlRelativeAttention.forward`, through the feed-forward sub-layer too."""
+        """Same arguments and results as `TxlRelativeAttention.forward`, through the feed-forward sub-layer too
+        (`content_bias`, `position_bias`: the model's shared u and v, or None for the attention's own)."""
         if (
             hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
             and memory is not None
@@ -672,8 +673,8 @@ class TxlLayer(GradientCheckpointingLayer):
         memory: LayerMemory,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
-        content_bias: torch.Tensor,
-        position_bias: torch.Tensor,
+        content_bias: torch.Tensor | None,
+        position_bias: torch.Tensor | None,
     ) -> torch.Tensor | None:
         """`forward`'s result for one token at batch 1 whose memory keeps its keys and values, in float32 CPU
         inference with the compiled kernels, bare modules and no dropout: the whole layer in one call of the compiled
@@ -1111,9 +1112,9 @@ def _check_device_map(device_map: object, prefix: str) -> None:
     if isinstance(device_map, dict):
         for key, place in device_map.items():
             for name in (f"{prefix}word_embeddings", "adaptive_softmax"):
-                covers = key in ("", name) or name.startswith(f"{key}.") or key.startswith(f"{name}.")
-                if place == "disk" and covers:
-                    raise _offload_refused(key or name, prefix)
+                holds = key in ("", name) or name.startswith(f"{key}.")  # the module or one that holds it
+                if place == "disk" and (holds or key.startswith(f"{name}.")):
+                    raise _offload_refused(name if holds else key, prefix)
 
 
 def _refuse_offloaded_adaptive_modules(loaded: nn.Module | tuple) -> nn.Module | tuple:
@@ -1137,9 +1138,10 @@ class TxlPreTrainedModel(PreTrainedModel):
     base_model_prefix = "transformer"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    # (The adaptive embedding and softmax whole: their tied tables and projections stay together, and transformers'
-    # device map cannot place a tied parameter of a split ParameterList.)
-    _no_split_modules = ["TxlLayer", "TxlAdaptiveEmbedding", "TxlAdaptiveLogSoftmax"]
+    # The modules a device map keeps whole, per class (transformers gathers a model's from its sub-models; FSDP's
+    # auto-wrap refuses a name its model lacks). The adaptive embedding and softmax whole: their tied tables and
+    # projections stay together, and transformers' device map cannot place a tied parameter of a split ParameterList.
+    _no_split_modules = ["TxlLayer", "TxlAdaptiveEmbedding"]
     _supports_sdpa = True
     _supports_attention_backend = False
 
@@ -1578,6 +1580,8 @@ class TxlModel(TxlPreTrainedModel):
 
 class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     """Transformer-XL with its adaptive softmax language-model head."""
+
+    _no_split_modules = ["TxlAdaptiveLogSoftmax"]  # and the base model's
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
