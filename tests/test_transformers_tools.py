@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from datasets import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from tests.utils import tiny_config, tiny_lm
@@ -82,6 +82,151 @@ def test_trainer_evaluation_reports_the_models_loss_and_gives_logits_to_metrics(
     )
     without_preprocessing.evaluate()
     assert received["metrics"] == (8, 12, model.config.vocab_size)  # logits alone, not the per-token losses
+
+
+def packed_documents(lengths=(5, 3, 7)) -> tuple[list[list[int]], dict]:
+    """Documents of `lengths` and the batch `DataCollatorWithFlattening` makes of them (one row, positions
+    restarting at each document, labels hiding each document's first token)."""
+    documents = [random_ids(length, seed=length).tolist() for length in lengths]
+    batch = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": d, "labels": d} for d in documents])
+    return documents, batch
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "sdpa-torch"])
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_sequences_packed_by_position_ids_are_computed_as_if_alone(
+    attn_implementation, training, one_thread, monkeypatch
+):
+    """`DataCollatorWithFlattening` (and TRL's padding-free packing) put several documents in one row and restart
+    `position_ids` at each: every document's log-probabilities, its loss and the gradients are what it gives alone,
+    on the readable path, the compiled kernels' ("sdpa" on this CPU) and torch's SDPA path (the kernels off), with
+    and without gradients."""
+    if attn_implementation == "sdpa-torch":
+        monkeypatch.setenv("TRANSFOXL_CPU_KERNEL", "0")
+    model = tiny_lm(mem_len=0, dropout=0.0)
+    model.set_attn_implementation(attn_implementation.removesuffix("-torch"))
+    model.train(training)
+    documents, batch = packed_documents()
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6]]
+    with torch.set_grad_enabled(training):
+        packed = model(**batch, return_logits=True)
+        if training:
+            packed.loss.backward()
+            packed_gradients = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+        total, count, start = 0.0, 0, 0
+        for document in documents:
+            alone = model(torch.tensor([document]), labels=torch.tensor([document]), return_logits=True)
+            torch.testing.assert_close(packed.logits[0, start : start + len(document)], alone.logits[0])
+            total, count, start = total + alone.losses.sum(), count + len(document) - 1, start + len(document)
+        torch.testing.assert_close(packed.loss, total / count)
+        if training:
+            (total / count).backward()
+            for name_and_parameter, gradient in zip(model.named_parameters(), packed_gradients):
+                torch.testing.assert_close(gradient, name_and_parameter[1].grad, msg=name_and_parameter[0])
+
+
+def test_packed_rows_of_a_batch_with_padding_and_a_memory(one_thread):
+    """Two rows, each packing two documents, the second row padded: each document is computed alone, except that a
+    row's first document continues the memory (as any segment does) and the later ones do not see it. Positions that
+    run on (no restart) change nothing."""
+    model = tiny_lm(mem_len=8)
+    prefix = random_ids(2, 6, seed=9)
+    a, b, c, d = (random_ids(1, length, seed=length + 20) for length in (4, 5, 6, 2))
+    inputs = torch.cat([torch.cat([a, b], 1), torch.cat([c, d, torch.zeros(1, 1, dtype=torch.long)], 1)])
+    positions = torch.tensor([[7, 8, 9, 10, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 0, 1, 0]])
+    padding = torch.ones_like(inputs)
+    padding[1, -1] = 0
+    with torch.no_grad():
+        memory = model(prefix).past_key_values
+        packed = model(inputs, past_key_values=copy.deepcopy(memory), attention_mask=padding, position_ids=positions)
+        first_rows = model(inputs[:, :4], past_key_values=copy.deepcopy(memory)).logits
+        torch.testing.assert_close(packed.logits[0, :4], first_rows[0])
+        second_row = copy.deepcopy(memory)
+        second_row.batch_select_indices(torch.tensor([1]))
+        torch.testing.assert_close(packed.logits[1, :6], model(c, past_key_values=second_row).logits[0])
+        torch.testing.assert_close(packed.logits[0, 4:], model(b).logits[0])
+        torch.testing.assert_close(packed.logits[1, 6:8], model(d).logits[0])
+        running_on = torch.arange(9).expand(2, 9) + 3
+        plain = model(inputs, past_key_values=copy.deepcopy(memory), attention_mask=padding).logits
+        assert torch.equal(
+            model(
+                inputs, past_key_values=copy.deepcopy(memory), attention_mask=padding, position_ids=running_on
+            ).logits,
+            plain,
+        )
+
+
+def test_trainer_with_the_flattening_collator_evaluates_each_documents_loss(tmp_path, one_thread):
+    """Trainer with `DataCollatorWithFlattening`: the evaluation loss is the mean over the documents' own targets
+    (each computed alone), and training runs on the packed rows."""
+    model = tiny_lm(mem_len=0)
+    lengths = (5, 3, 7, 6)
+    documents = [random_ids(length, seed=length).tolist() for length in lengths]
+    dataset = Dataset.from_list([{"input_ids": d, "labels": d} for d in documents])
+    trainer = Trainer(
+        model=model,
+        args=trainer_arguments(tmp_path, max_steps=2, per_device_eval_batch_size=len(lengths)),
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        data_collator=DataCollatorWithFlattening(),
+    )
+    metrics = trainer.evaluate()
+    with torch.no_grad():
+        losses = [model(torch.tensor([d]), labels=torch.tensor([d])).losses.sum() for d in documents]
+    assert metrics["eval_loss"] == pytest.approx(float(sum(losses)) / sum(n - 1 for n in lengths), rel=1e-5)
+    assert math.isfinite(trainer.train().training_loss)
+
+
+def test_flash_attention_bounds_of_packed_sequences_are_taken_with_their_positions(lm):
+    """Packing collators also give flash attention's sequence bounds (`DataCollatorWithFlattening` with
+    return_flash_attn_kwargs / return_seq_idx; TRL's padding-free batches always): taken beside position_ids, from
+    which the model finds the same sequences; alone, or disagreeing with the positions, they are refused."""
+    documents = [random_ids(length, seed=length).tolist() for length in (5, 3, 7)]
+    collator = DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=True, return_seq_idx=True)
+    batch = collator([{"input_ids": d, "labels": d} for d in documents])
+    assert {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"} <= set(batch)
+    plain = {name: batch[name] for name in ("input_ids", "labels", "position_ids")}
+    with torch.no_grad():
+        assert torch.equal(lm(**batch).logits, lm(**plain).logits)
+        with pytest.raises(ValueError, match="this model finds them from position_ids"):
+            lm(**{**batch, "position_ids": None})
+        with pytest.raises(ValueError, match=r"cu_seq_lens_q \[0, 5, 15\] does not bound .* \(\[0, 5, 8, 15\]\)"):
+            lm(**{**batch, "cu_seq_lens_q": torch.tensor([0, 5, 15], dtype=torch.int32)})
+
+
+def test_generate_makes_no_position_ids(monkeypatch):
+    """generate() makes position_ids for a model whose forward takes them and grows them at every token; here they
+    would be unused work (relative positions, nothing packed): none are made, with or without beams."""
+    model = tiny_lm()
+    seen = []
+    update = TxlForCausalLM._update_model_kwargs_for_generation
+
+    def watching(self, outputs, model_kwargs, *args, **kwargs):
+        seen.append(model_kwargs.get("position_ids"))
+        return update(self, outputs, model_kwargs, *args, **kwargs)
+
+    monkeypatch.setattr(TxlForCausalLM, "_update_model_kwargs_for_generation", watching)
+    prompt = random_ids(2, 5)
+    for beams in (1, 2):
+        model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, num_beams=beams, do_sample=False
+        )
+    assert seen and all(position_ids is None for position_ids in seen)
+
+
+@pytest.mark.parametrize(
+    ("position_ids", "error", "message"),
+    [
+        ([[0, 1, 2]], TypeError, "position_ids must be a torch.Tensor"),
+        (torch.zeros(1, 3), ValueError, "position_ids must hold integer positions, got dtype torch.float32"),
+        (torch.zeros(2, 4, dtype=torch.long), ValueError, r"position_ids must be \[batch, seq_len\] = \(2, 3\)"),
+        (torch.zeros(3, dtype=torch.long), ValueError, r"got \(3,\)"),
+    ],
+)
+def test_bad_position_ids_are_refused_clearly(position_ids, error, message, lm):
+    with pytest.raises(error, match=message):
+        lm(random_ids(2, 3), position_ids=position_ids)
 
 
 @pytest.mark.parametrize("count", [0, torch.tensor(0)])

@@ -143,6 +143,52 @@ def check_attention_mask(attention_mask: Any, batch: int, q_len: int) -> None:
             )
 
 
+def check_position_ids(position_ids: Any, batch: int, q_len: int) -> None:
+    """`position_ids`: an integer tensor `[B, Q]` (or `[1, Q]`, for every row) of the new tokens' positions."""
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(
+            f"position_ids must be a torch.Tensor [batch, seq_len] of integer positions, got "
+            f"{type(position_ids).__name__}."
+        )
+    if position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool:
+        raise ValueError(f"position_ids must hold integer positions, got dtype {position_ids.dtype}.")
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != q_len:
+        raise ValueError(
+            f"position_ids must be [batch, seq_len] = {(batch, q_len)} (or [1, seq_len]) like the input, got "
+            f"{tuple(position_ids.shape)}."
+        )
+
+
+# What packing collators add for flash attention's variable-length kernels (`DataCollatorWithFlattening` with
+# return_flash_attn_kwargs / return_seq_idx, TRL's padding-free batches): the sequences' bounds, which the position ids
+# give too.
+SEQUENCE_BOUND_ARGUMENTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def take_sequence_bounds(kwargs: dict, position_ids: torch.Tensor | None) -> None:
+    """Remove the packed sequences' bounds for flash attention from `kwargs`, checked against `position_ids` (from
+    which the model finds the sequences itself): the bounds alone are refused, and bounds that disagree with the
+    positions."""
+    given = {name: kwargs.pop(name) for name in SEQUENCE_BOUND_ARGUMENTS if name in kwargs}
+    if not given:
+        return
+    if position_ids is None:
+        raise ValueError(
+            f"{', '.join(given)} describe sequences packed for flash attention's kernels; this model finds them from "
+            "position_ids (restarting at each sequence): pass those too."
+        )
+    bounds = given.get("cu_seq_lens_q", given.get("cu_seq_lens_k"))
+    if not isinstance(bounds, torch.Tensor) or bounds.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    flat = position_ids.reshape(-1)
+    starts = [0, *((flat[1:] != flat[:-1] + 1).nonzero().flatten() + 1).tolist(), flat.numel()]
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        if name in given and given[name].tolist() != starts:
+            raise ValueError(
+                f"{name} {given[name].tolist()} does not bound the sequences that position_ids restart at ({starts})."
+            )
+
+
 def check_memory_fits(held: torch.Tensor, inputs: torch.Tensor, width: int) -> None:
     """The hidden states `[B, M, E]` a memory holds fit this forward's inputs `[B, Q, E]`: batch, width, device,
     dtype (any dtype under autocast, where layers' inputs may legitimately be in another precision)."""

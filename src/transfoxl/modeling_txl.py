@@ -69,12 +69,14 @@ from .checks_txl import (
     check_label_tensor,
     check_memory_fits,
     check_num_items,
+    check_position_ids,
     check_positions,
     check_prompt,
     check_stop_strings_tokenizer,
     check_targets,
     reject_unknown_arguments,
     require_integer,
+    take_sequence_bounds,
     token_id_outside,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
@@ -197,6 +199,23 @@ def causal_memory_mask(
     excess = k_len - max_mem_len
     excess = max(excess, 0) if isinstance(excess, torch.Tensor) else torch.sym_max(excess, 0)
     return future | torch.tril(ones, diagonal=excess - q_len)
+
+
+def packed_sequences_mask(position_ids: torch.Tensor, mem_len_now: int) -> torch.Tensor | None:
+    """`[B, 1, Q, K]` bool, True where a query must not see a key because they belong to different sequences packed
+    in one row; None when each row is one sequence. `position_ids` `[B or 1, Q]`.
+
+    A new sequence starts wherever a position is not the one before plus 1, as transformers finds the sequences that
+    `DataCollatorWithFlattening` and TRL's padding-free packing put in one row (positions restarting at 0). The
+    positions are used for nothing else: Transformer-XL's are relative. The row's first sequence continues the memory,
+    as any segment does; each later one sees neither the memory nor the sequences before it."""
+    breaks = position_ids[:, 1:] != position_ids[:, :-1] + 1  # [B, Q - 1]
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and not bool(breaks.any()):
+        return None
+    sequence = F.pad(breaks.cumsum(dim=1), (1, 0))  # [B, Q]: 0 for the row's first sequence
+    other_sequence = sequence[:, :, None] != sequence[:, None, :]  # [B, Q, Q]
+    memory_hidden = (sequence != 0)[:, :, None].expand(-1, -1, mem_len_now)  # [B, Q, M]
+    return torch.cat([memory_hidden, other_sequence], dim=2)[:, None]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1467,6 +1486,7 @@ class TxlModel(TxlPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         r"""
@@ -1482,7 +1502,12 @@ class TxlModel(TxlPreTrainedModel):
                 Embedded inputs instead of `input_ids`.
             use_cache (`bool`, *optional*, defaults to `config.use_cache`):
                 Update the memory with this segment and return it as `past_key_values`.
+            position_ids (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
+                Only where they restart: sequences packed in one row (`DataCollatorWithFlattening`, padding-free
+                packing) attend each to itself, and only the row's first one to the memory (see
+                `packed_sequences_mask`). Positions that run on (`arange`) change nothing: they are relative here.
         """
+        take_sequence_bounds(kwargs, position_ids)
         reject_unknown_arguments(kwargs)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -1523,6 +1548,11 @@ class TxlModel(TxlPreTrainedModel):
                 mask if mask is not None else torch.zeros(q_len, k_len, dtype=torch.bool, device=key_padding.device)
             )
             mask = causal | key_padding[:, None, None, :]  # [B, 1, Q, K]
+        if position_ids is not None:
+            check_position_ids(position_ids, batch, q_len)
+            packed = packed_sequences_mask(position_ids.to(inputs_embeds.device), mem_len_now)  # [B or 1, 1, Q, K]
+            if packed is not None:
+                mask = (packed if mask is None else mask | packed).expand(batch, 1, q_len, k_len)
         positions = _dropout(self.dropout, self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
         if (memory is None or memory.seen_tokens == 0) and not self.training and not torch.compiler.is_compiling():
             for layer in self.layers:  # a new stream: see weight edits that bumped no version (a merged adapter)
@@ -1642,10 +1672,15 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_logits: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> TxlCausalLMOutputWithPast | tuple:
         r"""
         Args:
+            position_ids (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
+                Where they restart, the sequences packed in a row are kept apart (`TxlModel.forward`): with
+                `DataCollatorWithFlattening`, whose labels hide each sequence's first token, every sequence's loss
+                is its own.
             labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
                 Targets, shifted inside (position t predicts `labels[:, t + 1]`), so `labels=input_ids` works; -100
                 is ignored. The last position predicts nothing.
@@ -1667,6 +1702,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         """
         shift_labels = kwargs.pop("shift_labels", None)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        take_sequence_bounds(kwargs, position_ids)
         reject_unknown_arguments(kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
@@ -1685,6 +1721,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            position_ids=position_ids,
         )
         hidden_states = outputs.last_hidden_state  # [B, Q, E]
         batch, q_len, _ = hidden_states.shape
@@ -1759,6 +1796,11 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             model_kwargs[_CACHE_KWARG] = self.transformer.empty_memory()
         else:
             super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs: dict) -> None:
+        # generate() makes position_ids for every model whose forward takes them and grows them at every token; the
+        # positions here are relative and generate() packs nothing, so none are made (and none are fed).
+        return None
 
     def _prefill(self, input_ids, generation_config, model_kwargs: dict, is_first_iteration: bool = True):
         memory = model_kwargs.get(_CACHE_KWARG)
