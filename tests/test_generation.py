@@ -183,7 +183,9 @@ def test_kept_results_name_the_weight_object_not_only_its_address():
         assert duplicate.__dict__["_txl_identity"] is first.__dict__["_txl_identity"]
         assert _identity(duplicate) not in (_identity(first), _identity(second), _identity(clone))
     parameter = torch.nn.Parameter(torch.zeros(4))
-    assert _identity(copy.deepcopy(parameter)) != _identity(parameter)
+    number = _identity(parameter)
+    for duplicate in (copy.copy(parameter), copy.deepcopy(parameter)):
+        assert _identity(duplicate) != number
     saved = io.BytesIO()
     torch.save(first, saved)  # (the attribute is plain data: a weights-only load takes it)
     loaded = torch.load(io.BytesIO(saved.getvalue()), weights_only=True)

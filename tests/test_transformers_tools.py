@@ -157,6 +157,22 @@ def test_packed_rows_of_a_batch_with_padding_and_a_memory(one_thread):
         )
 
 
+def test_left_padding_with_gpt2_style_positions_keeps_the_memory(one_thread):
+    """Positions made as GPT-2's (`cumsum(mask) - 1`, padding filled with 0) restart beside the padding: that starts
+    no sequence, so a left-padded row's tokens still see the memory."""
+    model = tiny_lm(mem_len=8)
+    with torch.no_grad():
+        memory = model(random_ids(1, 6, seed=3)).past_key_values
+        inputs = torch.cat([torch.zeros(1, 2, dtype=torch.long), random_ids(1, 4, seed=1)], 1)
+        mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        with_positions = model(
+            inputs, past_key_values=copy.deepcopy(memory), attention_mask=mask, position_ids=positions
+        )
+        without = model(inputs, past_key_values=copy.deepcopy(memory), attention_mask=mask)
+    torch.testing.assert_close(with_positions.logits[0, 2:], without.logits[0, 2:])
+
+
 def test_trainer_with_the_flattening_collator_evaluates_each_documents_loss(tmp_path, one_thread):
     """Trainer with `DataCollatorWithFlattening`: the evaluation loss is the mean over the documents' own targets
     (each computed alone), and training runs on the packed rows."""

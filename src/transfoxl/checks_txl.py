@@ -178,6 +178,8 @@ def take_sequence_bounds(kwargs: dict, position_ids: torch.Tensor | None) -> Non
             "position_ids (restarting at each sequence): pass those too."
         )
     bounds = given.get("cu_seq_lens_q", given.get("cu_seq_lens_k"))
+    if not isinstance(position_ids, torch.Tensor):  # (the forward's own check says what position_ids must be)
+        return
     if not isinstance(bounds, torch.Tensor) or bounds.device.type != "cpu" or torch.compiler.is_compiling():
         return
     flat = position_ids.reshape(-1)

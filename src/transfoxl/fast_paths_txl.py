@@ -168,9 +168,10 @@ def _identity(weight: torch.Tensor) -> int:
     """A number for the tensor object `weight`, given on first use: unlike its storage address, no other tensor of
     this process has it, also after `weight` is freed. It is kept on the weight as a mark of plain data (a one-number
     tuple: a parameter saved with it still loads with `torch.load(weights_only=True)`), which counts only while it is
-    the very object registered for this weight's id. A copy (`copy.copy`, `deepcopy`) carries the same tuple but lives
-    at another id, and a loaded weight an equal tuple, not the one registered, also where it took a freed weight's id:
-    each gets a number of its own (the memory's kept keys and values would otherwise be taken as made by it). Nothing
+    the very object registered for this weight's id. A copy (`copy.copy`; `deepcopy` of a plain tensor, not of a
+    Parameter, which carries none) carries the same tuple but lives at another id, and a loaded weight an equal tuple,
+    not the one registered, also where it took a freed weight's id: each gets a number of its own (the memory's kept
+    keys and values would otherwise be taken as made by it). Nothing
     refers to the weight, not even weakly: a weak reference stops `torch.utils.swap_tensors`, which `model.to()`
     uses for tensor subclasses and under `torch.__future__.set_swap_module_params_on_conversion(True)`."""
     mark = weight.__dict__.get("_txl_identity")

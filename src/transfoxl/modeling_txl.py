@@ -201,15 +201,21 @@ def causal_memory_mask(
     return future | torch.tril(ones, diagonal=excess - q_len)
 
 
-def packed_sequences_mask(position_ids: torch.Tensor, mem_len_now: int) -> torch.Tensor | None:
+def packed_sequences_mask(
+    position_ids: torch.Tensor, mem_len_now: int, padding: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """`[B, 1, Q, K]` bool, True where a query must not see a key because they belong to different sequences packed
     in one row; None when each row is one sequence. `position_ids` `[B or 1, Q]`.
 
     A new sequence starts wherever a position is not the one before plus 1, as transformers finds the sequences that
     `DataCollatorWithFlattening` and TRL's padding-free packing put in one row (positions restarting at 0). The
     positions are used for nothing else: Transformer-XL's are relative. The row's first sequence continues the memory,
-    as any segment does; each later one sees neither the memory nor the sequences before it."""
+    as any segment does; each later one sees neither the memory nor the sequences before it. A break beside padding
+    (`padding` `[B, Q]`, True = padding) starts nothing: padding's positions (GPT-2's `cumsum(mask) - 1`, filled) do
+    not cut a left-padded row's tokens off its memory."""
     breaks = position_ids[:, 1:] != position_ids[:, :-1] + 1  # [B, Q - 1]
+    if padding is not None:
+        breaks = breaks & ~(padding[:, 1:] | padding[:, :-1])
     if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and not bool(breaks.any()):
         return None
     sequence = F.pad(breaks.cumsum(dim=1), (1, 0))  # [B, Q]: 0 for the row's first sequence
@@ -1550,7 +1556,9 @@ class TxlModel(TxlPreTrainedModel):
             mask = causal | key_padding[:, None, None, :]  # [B, 1, Q, K]
         if position_ids is not None:
             check_position_ids(position_ids, batch, q_len)
-            packed = packed_sequences_mask(position_ids.to(inputs_embeds.device), mem_len_now)  # [B or 1, 1, Q, K]
+            packed = packed_sequences_mask(
+                position_ids.to(inputs_embeds.device), mem_len_now, segment_padding
+            )  # [B or 1, 1, Q, K]
             if packed is not None:
                 mask = (packed if mask is None else mask | packed).expand(batch, 1, q_len, k_len)
         positions = _dropout(self.dropout, self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
