@@ -165,10 +165,18 @@ def check_position_ids(position_ids: Any, batch: int, q_len: int) -> None:
 SEQUENCE_BOUND_ARGUMENTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
+def sequence_breaks(position_ids: torch.Tensor) -> torch.Tensor:
+    """`[B, Q - 1]` bool: True where a position is not the one before plus 1, i.e. where a packed sequence starts
+    (transformers' rule for the rows its packing collators make)."""
+    return position_ids[..., 1:] != position_ids[..., :-1] + 1
+
+
 def take_sequence_bounds(kwargs: dict, position_ids: torch.Tensor | None) -> None:
     """Remove the packed sequences' bounds for flash attention from `kwargs`, checked against `position_ids` (from
     which the model finds the sequences itself): the bounds alone are refused, and bounds that disagree with the
     positions."""
+    if not kwargs:  # (every decoded token passes here)
+        return
     given = {name: kwargs.pop(name) for name in SEQUENCE_BOUND_ARGUMENTS if name in kwargs}
     if not given:
         return
@@ -183,7 +191,7 @@ def take_sequence_bounds(kwargs: dict, position_ids: torch.Tensor | None) -> Non
     if not isinstance(bounds, torch.Tensor) or bounds.device.type != "cpu" or torch.compiler.is_compiling():
         return
     flat = position_ids.reshape(-1)
-    starts = [0, *((flat[1:] != flat[:-1] + 1).nonzero().flatten() + 1).tolist(), flat.numel()]
+    starts = [0, *(sequence_breaks(flat).nonzero().flatten() + 1).tolist(), flat.numel()]
     for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
         if name in given and given[name].tolist() != starts:
             raise ValueError(

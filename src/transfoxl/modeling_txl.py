@@ -76,6 +76,7 @@ from .checks_txl import (
     check_targets,
     reject_unknown_arguments,
     require_integer,
+    sequence_breaks,
     take_sequence_bounds,
     token_id_outside,
 )
@@ -213,7 +214,7 @@ def packed_sequences_mask(
     as any segment does; each later one sees neither the memory nor the sequences before it. A break beside padding
     (`padding` `[B, Q]`, True = padding) starts nothing: padding's positions (GPT-2's `cumsum(mask) - 1`, filled) do
     not cut a left-padded row's tokens off its memory."""
-    breaks = position_ids[:, 1:] != position_ids[:, :-1] + 1  # [B, Q - 1]
+    breaks = sequence_breaks(position_ids)  # [B, Q - 1]
     if padding is not None:
         breaks = breaks & ~(padding[:, 1:] | padding[:, :-1])
     if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and not bool(breaks.any()):
