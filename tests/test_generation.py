@@ -396,7 +396,10 @@ def test_stop_strings_stop_with_a_tokenizer_that_spells_them_and_a_word_level_on
     assert characters.decode(stopped).endswith(stop) and len(stopped) <= 6
     assert torch.equal(stopped, free[: len(stopped)])
     words = build_word_level_tokenizer(["<eos>", "<unk>", *(f"w{index}" for index in range(2, 97))])
-    with pytest.raises(ValueError, match="needs a tokenizer that can spell any text, and this one encodes 'abcdef'"):
+    with pytest.raises(
+        ValueError,
+        match="needs a tokenizer that spells back the text transformers probes it with, 'abcdef', and this one gives",
+    ):
         model.generate(prompt, max_new_tokens=4, stop_strings=["w5"], tokenizer=words, **GREEDY)
     bases = train_char_level(["ACGT" * 8])  # (characters, but not those of the probe)
     with pytest.raises(ValueError, match="a character-level one only its characters"):

@@ -328,6 +328,23 @@ def test_trainer_trains_the_classification_head(tmp_path, one_thread):
     assert not torch.equal(model.score.weight, before)
 
 
+def test_the_classifier_takes_running_position_ids_and_refuses_packed_rows():
+    torch.manual_seed(0)
+    model = TxlForSequenceClassification(tiny_config(num_labels=3, pad_token_id=0)).eval()
+    ids = random_ids(2, 6, seed=3) + 1  # (no pad id)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    plain = model(ids, attention_mask=mask).logits
+    running = torch.arange(6).expand(2, 6)
+    gpt2_style = (mask.cumsum(-1) - 1).clamp(min=0)  # (left padding's positions: a restart beside padding only)
+    for position_ids in (running, running[:1], gpt2_style):
+        torch.testing.assert_close(model(ids, attention_mask=mask, position_ids=position_ids).logits, plain)
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2]]).expand(2, 6)
+    with pytest.raises(ValueError, match=r"position_ids restart in row 0 at column 3 .* classifies one token per row"):
+        model(ids, attention_mask=mask, position_ids=packed)
+    with pytest.raises(ValueError, match="position_ids must hold integer positions"):
+        model(ids, position_ids=torch.zeros(2, 6))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # PEFT
 

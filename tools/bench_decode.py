@@ -400,6 +400,13 @@ def time_generate(
 
 
 @torch.no_grad()
+def cache_of(output: Mapping[str, Any]) -> tuple[str, Any]:
+    """The cache an output holds and its name, which is the models' argument's name too: `cache` since transformers
+    5.24, `past_key_values` before (read here without 5.24's warning that the old name is deprecated)."""
+    name = "cache" if "cache" in output else "past_key_values"
+    return name, output[name]
+
+
 def time_forward(
     model: torch.nn.Module,
     prompt: torch.Tensor,
@@ -421,7 +428,7 @@ def time_forward(
     prefill = time.perf_counter() - start
     tokens, steps, after = [token], [], []
     for _ in range(new_tokens - 1):
-        cache = output.past_key_values
+        cache_name, cache = cache_of(output)
         if impl == "gpt2":
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)  # [B, S + 1]
             step_mask = mask
@@ -429,7 +436,7 @@ def time_forward(
             step_mask = mask.new_ones(batch, 1)  # [B, 1]
         start = time.perf_counter()
         output = model(
-            input_ids=token, past_key_values=cache, attention_mask=step_mask, use_cache=True, logits_to_keep=1
+            input_ids=token, attention_mask=step_mask, use_cache=True, logits_to_keep=1, **{cache_name: cache}
         )
         token = output.logits[:, -1].argmax(-1, keepdim=True)
         steps.append(time.perf_counter() - start)

@@ -40,9 +40,11 @@ from transfoxl import TxlForCausalLM
 
 if __package__:  # imported (`from tools import bench_generate`) or run with `python -m tools.bench_generate`
     from . import configs, v4
+    from .bench_decode import cache_of
 else:  # run as a file, `python tools/bench_generate.py`: its folder is the first entry of sys.path
     import configs
     import v4
+    from bench_decode import cache_of
 
 REPO = Path(__file__).resolve().parents[1]
 MID_CONFIG = configs.model_config("mid", mem_len=512)
@@ -124,10 +126,10 @@ def prefill_and_decode_times(model: TxlForCausalLM, prompt: torch.Tensor, new_to
     start = time.perf_counter()
     output = model(prompt, logits_to_keep=1)
     prefill = time.perf_counter() - start
-    memory, token = output.past_key_values, output.logits[:, -1].argmax(-1, keepdim=True)
+    (name, memory), token = cache_of(output), output.logits[:, -1].argmax(-1, keepdim=True)
     start = time.perf_counter()
     for _ in range(new_tokens):
-        output = model(token, past_key_values=memory, logits_to_keep=1)
+        output = model(token, logits_to_keep=1, **{name: memory})
         token = output.logits[:, -1].argmax(-1, keepdim=True)
     return prefill, (time.perf_counter() - start) / new_tokens
 

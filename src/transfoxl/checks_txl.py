@@ -380,10 +380,10 @@ def check_stop_strings_tokenizer(tokenizer: Any) -> None:
         return
     if probe not in spelled:
         raise ValueError(
-            f"generate(stop_strings=...) needs a tokenizer that can spell any text, and this one encodes {probe!r} as "
-            f"{spelled!r}: its vocabulary cannot (a word-level one has only its words, a character-level one only "
-            "its characters). Stop on token ids instead: eos_token_id=[ids] or a StoppingCriteria; or use a "
-            "tokenizer that spells any text, such as a byte-level BPE."
+            f"generate(stop_strings=...) needs a tokenizer that spells back the text transformers probes it with, "
+            f"{probe!r}, and this one gives {spelled!r}: its vocabulary cannot (a word-level one has only its words, "
+            "a character-level one only its characters). Stop on token ids instead: eos_token_id=[ids] or a "
+            "StoppingCriteria; or use a tokenizer that spells any text, such as a byte-level BPE."
         )
 
 

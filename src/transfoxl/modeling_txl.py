@@ -202,6 +202,15 @@ def causal_memory_mask(
     return future | torch.tril(ones, diagonal=excess - q_len)
 
 
+def packed_sequence_breaks(position_ids: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, Q - 1]` bool: True where a packed sequence starts, a break of the positions that is not beside padding
+    (`padding` `[B, Q]`, True = padding)."""
+    breaks = sequence_breaks(position_ids)
+    if padding is not None:
+        breaks = breaks & ~(padding[:, 1:] | padding[:, :-1])
+    return breaks
+
+
 def packed_sequences_mask(
     position_ids: torch.Tensor, mem_len_now: int, padding: torch.Tensor | None = None
 ) -> torch.Tensor | None:
@@ -214,9 +223,7 @@ def packed_sequences_mask(
     as any segment does; each later one sees neither the memory nor the sequences before it. A break beside padding
     (`padding` `[B, Q]`, True = padding) starts nothing: padding's positions (GPT-2's `cumsum(mask) - 1`, filled) do
     not cut a left-padded row's tokens off its memory."""
-    breaks = sequence_breaks(position_ids)  # [B, Q - 1]
-    if padding is not None:
-        breaks = breaks & ~(padding[:, 1:] | padding[:, :-1])
+    breaks = packed_sequence_breaks(position_ids, padding)  # [B, Q - 1]
     if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and not bool(breaks.any()):
         return None
     sequence = F.pad(breaks.cumsum(dim=1), (1, 0))  # [B, Q]: 0 for the row's first sequence
@@ -1942,12 +1949,17 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
         r"""
         Args:
             labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
                 Class ids (cross-entropy), or floats for regression when `num_labels == 1`.
+            position_ids (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
+                Accepted as every classifier of transformers does; the positions are relative here, so they change
+                nothing. Positions that restart (several sequences packed in a row) are refused: one token per row
+                is classified.
             num_items_in_batch (*optional*, keyword):
                 Accepted and not used, as in transformers' classification heads: the loss is a mean over the batch.
         """
@@ -1963,7 +1975,10 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            position_ids=position_ids,  # (checked there)
         )
+        if position_ids is not None and not torch.compiler.is_compiling():
+            self._refuse_packed_rows(position_ids, attention_mask, outputs.last_hidden_state.shape[1])
         logits = self.score(outputs.last_hidden_state)  # [B, Q, num_labels]
         batch = logits.shape[0]
         pad_token_id = self.config.pad_token_id
@@ -2004,6 +2019,18 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def _refuse_packed_rows(position_ids: torch.Tensor, attention_mask: torch.Tensor | None, q_len: int) -> None:
+        padding = None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - q_len :] == 0
+        breaks = packed_sequence_breaks(position_ids, None if padding is None else padding.to(position_ids.device))
+        if bool(breaks.any()):
+            row, column = (int(index) for index in breaks.nonzero()[0])
+            raise ValueError(
+                f"position_ids restart in row {row} at column {column + 1} (sequences packed in one row, as "
+                "DataCollatorWithFlattening makes): TxlForSequenceClassification classifies one token per row, so "
+                "it would classify them as one. Give it one sequence per row (padding, e.g. DataCollatorWithPadding)."
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
