@@ -581,8 +581,10 @@ inline __m512 sixteen_sums(const __m512* acc) {
 // Short rows (the adaptive softmax's tail clusters: 16 or 64 inputs): four rows per step spend more on their four
 // horizontal sums than on reading them. Sixteen rows at a time instead, one accumulator each, whose sums a
 // transposition tree gathers into one vector of the sixteen outputs. Rows [begin, end) of y = w x + b, sixteen at a
-// time; returns the first row it did not compute (the caller does the rest).
-constexpr int64_t kShortRow = 128, kShortRowsAhead = 512;  // (floats: the blocks 2 KB ahead)
+// time, each row's chunks in turn: the loads run through memory in order, which the hardware prefetcher follows
+// (chunk by chunk across the sixteen rows, a stride of the row's length, it lagged, software prefetch or not:
+// docs/performance.md); returns the first row it did not compute (the caller does the rest).
+constexpr int64_t kShortRow = 128;
 
 inline int64_t short_rows_linear(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
                                  int64_t end) {
@@ -593,13 +595,12 @@ inline int64_t short_rows_linear(const float* w, const float* x, const float* b,
   int64_t o = begin;
   for (; o + 16 <= end; o += 16) {
     const float* rows = w + o * I;
-    prefetch_row(rows + kShortRowsAhead, 16 * I);
     __m512 acc[16];
-    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __mmask16 m = c + 1 < chunks ? 0xFFFF : tail;
-      for (int r = 0; r < 16; ++r)
-        acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, rows + r * I + 16 * c), xs[c], acc[r]);
+    for (int r = 0; r < 16; ++r) {
+      acc[r] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(c + 1 < chunks ? 0xFFFF : tail, rows + r * I + 16 * c), xs[c],
+                                 acc[r]);
     }
     __m512 sums = sixteen_sums(acc);
     if (b != nullptr) sums = _mm512_add_ps(sums, _mm512_loadu_ps(b + o));
@@ -740,12 +741,11 @@ inline void one_query_head16(const float* q, const float* k_bh, int64_t key_stri
       prefetch_row(r_h + (j + kRowsAhead + t) * rel_stride, D);
     }
     __m512 acc[16];
-    for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 c = _mm512_loadu_ps(cq + d), p = _mm512_loadu_ps(pq + d);
-      for (int t = 0; t < 16; ++t) {
-        acc[t] = _mm512_fmadd_ps(c, _mm512_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
-        acc[t] = _mm512_fmadd_ps(p, _mm512_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
+    for (int t = 0; t < 16; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) {
+        acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(cq + d), _mm512_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(pq + d), _mm512_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
       }
     }
     _mm512_storeu_ps(&scores[j], sixteen_sums(acc));
@@ -813,12 +813,11 @@ inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride
       prefetch_row(r_h + (j + kRowsAhead + t) * rel_stride, D);
     }
     __m256 acc[8];
-    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-      const __m256 c = _mm256_loadu_ps(cq + d), p = _mm256_loadu_ps(pq + d);
-      for (int t = 0; t < 8; ++t) {
-        acc[t] = _mm256_fmadd_ps(c, _mm256_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
-        acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
+    for (int t = 0; t < 8; ++t) {
+      acc[t] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(cq + d), _mm256_loadu_ps(k_bh + (j + t) * key_stride + d), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(pq + d), _mm256_loadu_ps(r_h + (j + t) * rel_stride + d), acc[t]);
       }
     }
     _mm256_storeu_ps(&scores[j], eight_sums(acc));
