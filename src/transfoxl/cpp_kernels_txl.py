@@ -726,8 +726,9 @@ inline void biased_queries(const float* q, const float* u_h, const float* v_h, i
 
 #if defined(__AVX512F__)
 // one_query_head (below) for D a multiple of 16, in AVX-512 registers: sixteen keys per step of the scores (one
-// accumulator each, their sums gathered by `sixteen_sums`), and the values' rows into two sums, of the even and the
-// odd keys, so that each addition into a register waits on half as many before it (four registers hold D = 64).
+// accumulator each, their sums gathered by `sixteen_sums`; each key's row and relative key's row read whole in turn,
+// in memory order, as short_rows_linear reads), and the values' rows into two sums, of the even and the odd keys, so
+// that each addition into a register waits on half as many before it (four registers hold D = 64).
 inline void one_query_head16(const float* q, const float* k_bh, int64_t key_stride, const float* v_bh,
                              int64_t value_stride, const float* r_h, int64_t rel_stride, const float* u_h,
                              const float* v_h, const bool* hidden, int64_t hidden_stride, int64_t K, int64_t D,
@@ -805,7 +806,8 @@ inline void one_query_head(const float* q, const float* k_bh, int64_t key_stride
 #endif
   float *cq = scratch, *pq = scratch + D, *scores = scratch + 2 * D;
   biased_queries(q, u_h, v_h, D, scale, cq, pq);
-  // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end)
+  // s_j = cq . k_j + pq . r_j, eight keys at a time (one accumulator each, summed across lanes at the end; each
+  // key's rows read whole in turn, in memory order)
   int64_t j = 0;
   for (; j + 8 <= K; j += 8) {
     for (int t = 0; t < 8; ++t) {
