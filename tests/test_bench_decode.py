@@ -41,7 +41,7 @@ def check_spread(entry: dict, count: int) -> None:
 
 def test_quick_run_mid_part(quick_run: Path) -> None:
     results = json.loads((quick_run / "decode.json").read_text())
-    assert set(results) >= {"setup", "machine", "mid", "wt103", "wall_s"}
+    assert set(results) >= {"setup", "machine", "mid", "wt103", "wall_s", "written_utc"}
     assert results["setup"]["quick"] and results["machine"]["torch_threads"] == 1
     mid = results["mid"]
     assert mid["config_name"] == "tiny" and mid["config"]["mem_len"] == 16

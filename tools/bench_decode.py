@@ -95,6 +95,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import datetime
 import functools
 import importlib.metadata
 import io
@@ -1337,6 +1338,8 @@ def _run(args: argparse.Namespace) -> int:
     if results["wt103"] is not None and results["wt103"]["v4"] is not None:
         results["machine"]["transformers_v4"] = results["wt103"]["v4"]["transformers"]
     results["wall_s"] = time.perf_counter() - started
+    # the time it was measured, which a clone's modification times do not keep (tools/benchmark.py reads it)
+    results["written_utc"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
     from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
 

@@ -45,6 +45,7 @@ zero-filled start memory: the losses must agree (a sanity line in the output).
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import importlib.metadata
 import json
@@ -543,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         torch.set_num_threads(threads)  # process-wide: a caller (a test) gets its own back
     results["wall_s"] = time.perf_counter() - started
+    # the time it was measured, which a clone's modification times do not keep (tools/benchmark.py reads it)
+    results["written_utc"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
     from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
 
