@@ -11,7 +11,7 @@ The parts, each run as its own process of this interpreter (each tool starts and
 - `decode-1thread`: `tools/bench_decode.py --skip-wt103 --batch-sizes 1 --threads 1`, the mid part's batch 1
   again with one torch thread (`decode-1thread.{json,md,png}`), rows without a target: what each model costs per
   thread, apart from the phases in which this shared machine slows a second thread's many short parallel regions
-  (docs/performance.md). `--threads` does not apply to it.
+  (docs/performance-log.md). `--threads` does not apply to it.
 
 Then it reads the four JSON files from `--out` and writes `summary.md` (the goals: measured value, target, whether
 it holds; the date, the machine, the command, and where each figure comes from) and `summary.png` (the ratios against

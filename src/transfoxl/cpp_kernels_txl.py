@@ -4,7 +4,7 @@ on first use with the machine's C++ compiler.
 `relative_attention_by_query_blocks` (kernels_txl.py) computes a long segment's attention a block of queries at a
 time with torch operators: about five parallel regions per block, where transformers' GPT-2 makes one SDPA call a
 layer. On a small model at batch 1 those regions' fork and join are a measurable share of a prefill, and on a busy
-machine a late thread stretches each of them (docs/performance.md). The kernel here computes the same attention in
+machine a late thread stretches each of them (docs/performance-log.md). The kernel here computes the same attention in
 one parallel region a layer, one (sequence, head) per task, the way a flash-attention kernel does, with the relative
 shift inside:
 
@@ -550,7 +550,7 @@ inline void score_grad_tile(const float* const* g, int64_t D, const float* vt, i
 
 // Asks for the cache lines of `count` floats from `row` (an address past the tensor's end is harmless: a prefetch
 // never faults). Streams of rows read once (decoding's weights, keys and values) run faster with their next rows
-// asked for ahead of use than with the hardware prefetcher alone (docs/performance.md).
+// asked for ahead of use than with the hardware prefetcher alone (docs/performance-log.md).
 inline void prefetch_row(const float* row, int64_t count) {
   const char* bytes = reinterpret_cast<const char*>(row);
   for (int64_t line = 0; line < count * 4; line += 64) _mm_prefetch(bytes + line, _MM_HINT_T0);
@@ -583,7 +583,7 @@ inline __m512 sixteen_sums(const __m512* acc) {
 // transposition tree gathers into one vector of the sixteen outputs. Rows [begin, end) of y = w x + b, sixteen at a
 // time, each row's chunks in turn: the loads run through memory in order, which the hardware prefetcher follows
 // (chunk by chunk across the sixteen rows, a stride of the row's length, it lagged, software prefetch or not:
-// docs/performance.md); returns the first row it did not compute (the caller does the rest).
+// docs/performance-log.md); returns the first row it did not compute (the caller does the rest).
 constexpr int64_t kShortRow = 128;
 
 inline int64_t short_rows_linear(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
@@ -903,7 +903,7 @@ at::Tensor relative_attention_one_query(const at::Tensor& query, const at::Tenso
 // row_streams for rows that all start `lead` floats (1 to 15) before the end of a cache line (rows of a multiple of
 // 16 floats in a weight off its lines, as a checkpoint's tensors sit where the file put them): a masked first vector
 // up to the line, whole lines after, a masked last vector, so that no load of the weight spans two lines (which read
-// slower at the memory's full rate: docs/performance.md).
+// slower at the memory's full rate: docs/performance-log.md).
 template <int R>
 inline void row_streams_off_line(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t first,
                                  int64_t per, int64_t lead) {
@@ -967,7 +967,7 @@ inline void row_streams(const float* w, const float* x, const float* b, float* y
 // Rows [begin, end) of y = w x + b (b may be null) for a row-major weight w [out, I]. The range is contiguous memory;
 // cut into four parts read side by side, it makes four long sequential streams, which the hardware prefetcher
 // follows from page to page, where eight neighbouring rows at a time made eight streams that started over on every
-// row (docs/performance.md has the rates). Short rows sixteen at a time.
+// row (docs/performance-log.md has the rates). Short rows sixteen at a time.
 inline void linear_rows(const float* w, const float* x, const float* b, float* y, int64_t I, int64_t begin,
                         int64_t end) {
   constexpr int R = 4;
@@ -984,7 +984,7 @@ inline void linear_rows(const float* w, const float* x, const float* b, float* y
 // A linear layer for one row (decoding at batch 1): output[o] = weight[o] . input (+ bias[o]) for a row-major weight
 // [out, in]. Bound by reading the weight: each thread streams a contiguous range of its rows (`linear_rows`). BLAS's
 // matrix-vector product reads such a weight at half the memory's rate on some CPUs and near it on others
-// (docs/performance.md); this reads it the same way everywhere.
+// (docs/performance-log.md); this reads it the same way everywhere.
 at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu() && input.scalar_type() == at::kFloat &&
                   weight.scalar_type() == at::kFloat && input.is_contiguous() && weight.is_contiguous() &&

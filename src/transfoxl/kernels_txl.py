@@ -6,7 +6,7 @@ compare values and gradients), and `modeling_txl.py` decides where each one appl
 
 - `relative_attention`: softmax(q_c k^T s + shift(q_p (W_{k,R} R)^T) + mask) v with one saved `[H B, Q, K]` tensor.
   A bias that needs a gradient sends CPU SDPA to its unfused fallback (it masks twice and guards the softmax against
-  fully masked rows); this is faster (docs/performance.md has the figures).
+  fully masked rows); this is faster (docs/performance-log.md has the figures).
 - `dropout`, `relu_dropout`: the distribution of `nn.Dropout` (on a CPU, p rounded to a multiple of 2^-16) with
   masks of 16 bits per entry from a counter-based stream (torch's `bernoulli_` costs about as much as a matrix
   product of the same size on a CPU, and its generator is serial; the compiled kernel draws this stream in parallel,
@@ -527,7 +527,7 @@ def one_row_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     A product with one row is a matrix-vector product, bound by reading the weight, which BLAS reads at rates that
     differ from CPU to CPU: on some near the memory's rate, on others at half of it, or at half of the rate at which
     it reads the weight as two halves, each multiplied by the row as a column in a batched product (one half per
-    thread); docs/performance.md has the rates. A float32 weight goes through the compiled kernel where it is built
+    thread); docs/performance-log.md has the rates. A float32 weight goes through the compiled kernel where it is built
     (each thread streams its own rows: the memory's rate on both kinds); elsewhere the two halves. Falls back to
     `F.linear` when the rows do not split in two or the weight is not row-major.
     """

@@ -406,7 +406,7 @@ class TxlRelativeAttention(nn.Module):
     # Where the compiled kernel does not apply, long segments in inference on a CPU attend up to `query_block` queries
     # at a time (`kernels_txl`'s `relative_attention_by_query_blocks`), fewer where a block's `[B, H, rows, K]` scores
     # would pass `block_bytes`: each block's scores stay in cache, the keys after its last query are skipped, and its
-    # tensors stay below the size from which glibc maps fresh pages for every allocation (docs/performance.md).
+    # tensors stay below the size from which glibc maps fresh pages for every allocation (docs/performance-log.md).
     query_block = 64
     block_bytes = 4 * 2**20
 
