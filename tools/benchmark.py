@@ -460,23 +460,16 @@ def written_at(path: Path, data: Mapping[str, Any]) -> str:
     else the file's modification time."""
     if isinstance(data.get("written_utc"), str):
         return data["written_utc"]
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True, timeout=30, check=False)
+
     try:
-        committed = subprocess.run(
-            ["git", "log", "-1", "--format=%ct", "--", path.name],
-            cwd=path.parent,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        ).stdout.strip()
-    except OSError:  # no git
-        committed = ""
-    if (
-        committed.isdigit()
-        and not subprocess.run(
-            ["git", "diff", "--quiet", "HEAD", "--", path.name], cwd=path.parent, capture_output=True, check=False
-        ).returncode
-    ):
+        committed = git("log", "-1", "--format=%ct", "--", path.name).stdout.strip()
+        unchanged = committed.isdigit() and git("diff", "--quiet", "HEAD", "--", path.name).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):  # no git
+        unchanged = False
+    if unchanged:
         stamp = datetime.datetime.fromtimestamp(int(committed), tz=datetime.UTC)
         return "committed " + stamp.strftime("%Y-%m-%d %H:%M UTC")
     stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.UTC)
