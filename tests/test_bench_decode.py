@@ -69,6 +69,12 @@ def test_quick_run_mid_part(quick_run: Path) -> None:
     assert (quick_run / "decode.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_fastest_quarter_of_the_readings() -> None:
+    assert bench_decode.fastest_quarter([1.0, 5.0, 3.0, 4.0, 2.0, 6.0, 7.0, 8.0]) == [7, 6]
+    assert bench_decode.fastest_quarter([3.0, 9.0, 1.0]) == [1]  # at least one
+    assert bench_decode.fastest_quarter([2.0]) == [0]
+
+
 def test_quick_run_wt103_part(quick_run: Path) -> None:
     wt103 = json.loads((quick_run / "decode.json").read_text())["wt103"]
     assert wt103["config_name"] == "tiny_wt103" and wt103["threads"] == 1
@@ -97,10 +103,20 @@ def test_quick_run_wt103_part(quick_run: Path) -> None:
         assert wt103["step_floors_ms"] == pytest.approx(floors_ms)
         ratios = [1e3 * step / floor for step, floor in zip(beside["steps_s"], floors_ms)]
         assert wt103["ratio_to_floor"]["forward_step_each_paired"] == pytest.approx(statistics.median(ratios))
-        assert "each step / the floor read right after it" in (quick_run / "decode.md").read_text()
+        quarter = max(1, len(ratios) // 4)
+        fastest = sorted(range(len(ratios)), key=lambda index: beside["gbytes_per_s"][index])[-quarter:]
+        assert wt103["ratio_to_floor"]["forward_step_each_paired_fastest_quarter"] == pytest.approx(
+            statistics.median(ratios[index] for index in fastest)
+        )
+        assert wt103["paired_ratios"]["fastest_quarter_gbytes_per_s"]["min"] == pytest.approx(
+            min(beside["gbytes_per_s"][index] for index in fastest)
+        )
+        table = (quick_run / "decode.md").read_text()
+        assert "each step / the floor read right after it" in table and "the fastest quarter of those" in table
     else:
         assert beside == {"steps_s": [], "gbytes_per_s": []}
         assert wt103["ratio_to_floor"]["forward_step_each_paired"] is None
+        assert wt103["ratio_to_floor"]["forward_step_each_paired_fastest_quarter"] is None
     # the floors are the counts at the best rates the worker measured
     matmul = wt103["matmul_gflops_ceiling"]
     assert matmul == max(

@@ -162,6 +162,15 @@ def goals(decode: Mapping[str, Any] | None) -> list[Goal]:
             "reading of its own moment)",
         ),
         Goal(
+            "wt103 decode step / bandwidth floor, the steps of the run's fastest quarter of readings",
+            "decode",
+            "wt103.ratio_to_floor.forward_step_each_paired_fastest_quarter",
+            lambda data: dig(data, "wt103", "ratio_to_floor", "forward_step_each_paired_fastest_quarter"),
+            "ratio",
+            note="as the row above, the steps whose reading after them is in the top quarter of the run's readings "
+            "(their range: decode.md): what the host's fastest phase in the run gives",
+        ),
+        Goal(
             "wt103 decode step / bandwidth floor, each generate() run against the bandwidth read before it",
             "decode",
             "wt103.ratio_to_floor.step_paired",
