@@ -1065,6 +1065,19 @@ def test_resize_token_embeddings_grows_the_last_cluster(overrides, tmp_path):
     torch.testing.assert_close(reloaded(ids).logits, model.eval()(ids).logits, rtol=1.3e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("model_class", [TxlForCausalLM, TxlModel, TxlForSequenceClassification])
+def test_an_input_embedding_the_config_cannot_describe_runs_but_does_not_save(model_class, tmp_path):
+    """transformers' set_input_embeddings takes any module, and the model runs with it; but from_pretrained would
+    build the config's adaptive embedding and refuse the folder, so save_pretrained refuses first, writing nothing."""
+    model = model_class(tiny_config())
+    model.set_input_embeddings(torch.nn.Embedding(97, model.config.d_model))
+    assert model(random_ids(1, 5))[0].shape[0] == 1  # (it runs)
+    with pytest.raises(TypeError, match=r"the input embedding is a Embedding, which the config cannot describe"):
+        model.save_pretrained(tmp_path / "replaced")
+    assert not (tmp_path / "replaced").exists()
+    assert model.get_output_embeddings() is None  # the adaptive softmax's clusters have no single matrix
+
+
 def test_resize_token_embeddings_shrinks_and_pads_and_refuses_inner_clusters():
     model = tiny_lm()
     model.resize_token_embeddings(60)

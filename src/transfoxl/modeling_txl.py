@@ -1243,6 +1243,14 @@ class TxlPreTrainedModel(PreTrainedModel):
                     model._weight_conversions = conversion
 
     def _save_txl(self, save_directory, *args, **kwargs):
+        embedding = self.get_input_embeddings()
+        if not isinstance(embedding, TxlAdaptiveEmbedding):  # (before anything is written)
+            raise TypeError(
+                f"save_pretrained: the input embedding is a {type(embedding).__name__}, which the config cannot "
+                "describe: from_pretrained builds a TxlAdaptiveEmbedding from vocab_size, cutoffs and div_val, so the "
+                "folder would not load. Put a TxlAdaptiveEmbedding back with set_input_embeddings "
+                "(resize_token_embeddings changes the vocabulary)."
+            )
         # transformers records only the saved class in `auto_map`; list every head so that AutoModel,
         # AutoModelForCausalLM and AutoModelForSequenceClassification all load the folder with trust_remote_code.
         auto_map = {
@@ -1350,6 +1358,8 @@ class TxlModel(TxlPreTrainedModel):
         return self.word_embeddings
 
     def set_input_embeddings(self, value: TxlAdaptiveEmbedding) -> None:
+        """Any module that maps `[B, Q]` ids to `[B, Q, E]` runs; only a `TxlAdaptiveEmbedding` saves (the config
+        describes no other: `save_pretrained` refuses)."""
         self.word_embeddings = value
 
     def _prepare_memory(
@@ -1660,7 +1670,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         return dict(self._tied_weights_keys)
 
     def get_output_embeddings(self) -> None:
-        return None  # an adaptive softmax has no single output embedding matrix
+        """None: an adaptive softmax has no single output embedding matrix (`adaptive_softmax` holds its clusters;
+        transformers' resizing and tying take None as "no output embedding"; v4 returned the last cluster)."""
+        return None
 
     def _resize_output(self, new_num_tokens: int, rows: int, mean_resizing: bool) -> None:
         softmax = self.adaptive_softmax
