@@ -1882,7 +1882,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                 if batch % memory_batch != 0:
                     raise ValueError(
                         f"The memory holds {memory_batch} streams but generate() got {batch} sequences; pass one "
-                        "prompt per stream of the memory."
+                        "prompt per stream of the memory (after beam search it holds every running beam, batch x "
+                        "num_beams rows: TxlStream.generate continues with the best one)."
                     )
                 past_key_values.batch_repeat_interleave(batch // memory_batch)
         model_inputs = {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": use_cache}
