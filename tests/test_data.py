@@ -438,6 +438,11 @@ def test_a_text_column_of_other_values_or_nulls_and_blank_cut_rows_are_refused(t
         (folder / "train.jsonl").write_text(rows, encoding="utf-8")
         with pytest.raises(ValueError, match=message):
             load_corpus(dataset_name=str(folder), cache_dir=tmp_path / "cache")
+    broken = tmp_path / "broken"  # a folder datasets builds with its json builder, from a file that is not JSON
+    broken.mkdir()
+    (broken / "train.jsonl").write_text("this is not JSON\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"dataset '.*broken': datasets could not build it \(.*JSON"):
+        load_corpus(dataset_name=str(broken), cache_dir=tmp_path / "cache")
     trailing = tmp_path / "trailing.txt"
     trailing.write_text("some text\n" * 30 + "\n" * 10, encoding="utf-8")
     with pytest.raises(ValueError, match=r"the validation rows cut at validation_fraction 0.2 hold only blank lines"):

@@ -453,3 +453,21 @@ def test_train_tokenizer_reads_crlf_line_ends_as_train_py_does(scripts, tmp_path
         json.loads((tmp_path / name / "tokenizer.json").read_text())["model"]["vocab"] for name in ("lf", "crlf")
     ]
     assert vocabularies[0] == vocabularies[1] and "\r" not in vocabularies[1]
+
+
+@pytest.mark.reliability(
+    "train_tokenizer.py",
+    "--dataset json without files, the current folder holding a file that is not JSON",
+    "exit 1 naming --dataset and the cause (a datasets traceback before)",
+)
+def test_train_tokenizer_script_says_which_dataset_it_could_not_build(
+    tmp_path, monkeypatch, capsys, record_property
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.json").write_text("this is not JSON\n")
+    argv = ["--kind", "char", "--dataset", "json", "--out", str(tmp_path / "tok"), "--no-progress"]
+    code = train_tokenizer_cli.main([*argv, "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    record_property("message", err.strip().splitlines()[-1])
+    assert code == 1 and "--dataset json: datasets could not build it" in err and "--text-file" in err
+    assert "Traceback" not in err and not (tmp_path / "tok").exists()

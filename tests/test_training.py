@@ -965,3 +965,13 @@ def test_fine_tuning_refuses_a_tokenizer_larger_than_the_model(converted_model, 
     options += ["--validation-file", str(word_files["validation"])]  # (the training text ends with blank lines)
     with pytest.raises(SystemExit, match=r"has 111 tokens, but --model-name-or-path .* only 100 ids \(vocab_size\)"):
         train_cli.main(options)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_a_cpu_is_said_to_be_slow(precision):
+    """--mixed-precision on a CPU runs autocast (accelerate accepts it) but is slower than fp32 on most CPUs: the run
+    says so once at its start; on a GPU, or in fp32, nothing is said."""
+    note = training.precision_note("cpu", precision)
+    assert note is not None and f"--mixed-precision {precision} on the CPU" in note and "--mixed-precision no" in note
+    assert training.precision_note("cpu", "no") is None
+    assert training.precision_note("cuda", precision) is None

@@ -214,7 +214,10 @@ def _file_builder(data_files: Mapping[str, Sequence[str]]) -> str:
             kinds[path] = _STRUCTURED_FILES.get(suffixes[-1] if suffixes else "", "text")
     if len(set(kinds.values())) > 1:
         listed = ", ".join(f"{path} ({kind})" for path, kind in kinds.items())
-        raise ValueError(f"text_files mixes kinds of file: {listed}; give plain text, JSON Lines or CSV files alone.")
+        raise ValueError(
+            f"text_files mixes kinds of file: {listed}; give plain text, JSON Lines or CSV files alone (the training, "
+            "validation and test files are read together: all of one kind)."
+        )
     return next(iter(kinds.values()))
 
 
@@ -313,8 +316,16 @@ def load_corpus(
             raise ValueError(f"{where}: cannot be read ({type(cause).__name__}: {cause}); is it UTF-8 text?") from None
         source = f"text files {data_files}"
     elif dataset_name is not None:
-        corpus = datasets.load_dataset(dataset_name, dataset_config, cache_dir=cache)
         source = f"dataset {dataset_name!r}" + (f" (config {dataset_config!r})" if dataset_config else "")
+        try:
+            corpus = datasets.load_dataset(dataset_name, dataset_config, cache_dir=cache)
+        except datasets.exceptions.DatasetGenerationError as error:  # (its message names neither it nor the cause)
+            cause = error.__cause__ if error.__cause__ is not None else error
+            raise ValueError(
+                f"{source}: datasets could not build it ({type(cause).__name__}: {cause}). A packaged builder (json, "
+                "csv, text) given no files reads the current folder: pass local files as text_files (scripts: "
+                "--train-file)."
+            ) from None
     else:
         corpus = builtin_corpus(cache_dir)
         source = "the built-in corpus"

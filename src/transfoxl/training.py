@@ -518,6 +518,17 @@ def build_optimizer(model: TxlForCausalLM, args: argparse.Namespace) -> torch.op
     )
 
 
+def precision_note(device_type: str, mixed_precision: str) -> str | None:
+    """What to know of `--mixed-precision` on this device: on a CPU, autocast to bf16 or fp16 runs, but slower than
+    fp32 where the CPU has no units for them (most CPUs); else None."""
+    if device_type != "cpu" or mixed_precision == "no":
+        return None
+    return (
+        f"note: --mixed-precision {mixed_precision} on the CPU: autocast runs, but on CPUs without {mixed_precision} "
+        "units (most) far slower than fp32 (--mixed-precision no); it pays on GPUs."
+    )
+
+
 def resolve_report_to(report_to: str) -> str:
     """`--report-to`: "auto" is tensorboard when it is installed, else none."""
     if report_to == "auto":
@@ -906,6 +917,8 @@ class Trainer:
             f"process(es); {args.steps} steps on {self.accelerator.device}, "
             f"{'fp32' if args.mixed_precision == 'no' else f'{args.mixed_precision} autocast'}"
         )
+        if (note := precision_note(self.accelerator.device.type, args.mixed_precision)) is not None:
+            self.accelerator.print(note)
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.unwrapped.parameters())

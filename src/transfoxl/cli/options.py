@@ -13,8 +13,8 @@ from typing import Any
 DEFAULT_VALIDATION_FRACTION = 0.05  # transfoxl.data.load_corpus's default
 SPLIT_FILE_HELP = {
     "train": "training file(s): plain text, one row per line; .json/.jsonl/.csv: each record's text field",
-    "validation": "plain-text validation file(s)",
-    "test": "plain-text test file(s)",
+    "validation": "validation file(s), of the training files' kind (plain text, or .json/.jsonl/.csv)",
+    "test": "test file(s), of the training files' kind (plain text, or .json/.jsonl/.csv)",
 }
 
 
