@@ -95,7 +95,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import datetime
 import functools
 import importlib.metadata
 import io
@@ -119,11 +118,11 @@ import torch
 # worker inside the transformers 4.37.2 virtualenv, where neither transfoxl nor transformers v5 exists.
 if __package__:  # imported (`from tools import bench_decode`) or run with `python -m tools.bench_decode`
     from . import configs, v4
-    from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes, reset_peak_rss
+    from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes, reset_peak_rss, written_utc
 else:  # run as a file, `python tools/bench_decode.py`: its folder is the first entry of sys.path
     import configs
     import v4
-    from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes, reset_peak_rss
+    from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes, reset_peak_rss, written_utc
 
 REPO = Path(__file__).resolve().parents[1]
 IMPLEMENTATIONS = ("transfoxl", "gpt2")
@@ -1353,8 +1352,7 @@ def _run(args: argparse.Namespace) -> int:
     if results["wt103"] is not None and results["wt103"]["v4"] is not None:
         results["machine"]["transformers_v4"] = results["wt103"]["v4"]["transformers"]
     results["wall_s"] = time.perf_counter() - started
-    # the time it was measured, which a clone's modification times do not keep (tools/benchmark.py reads it)
-    results["written_utc"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    results["written_utc"] = written_utc()
 
     from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
 

@@ -45,7 +45,6 @@ zero-filled start memory: the losses must agree (a sanity line in the output).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import importlib.metadata
 import json
@@ -68,11 +67,11 @@ import torch
 # transformers 4.37.2 virtualenv, where neither transfoxl nor transformers v5 exists.
 if __package__:  # imported (`from tools import bench_speed`) or run with `python -m tools.bench_speed`
     from . import configs, v4
-    from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
+    from .machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes, written_utc
 else:  # run as a file, `python tools/bench_speed.py`: its folder is the first entry of sys.path
     import configs
     import v4
-    from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes
+    from machine import cpu_name, current_rss_mb, machine_facts, peak_rss_mb, png_bytes, written_utc
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_DROPOUT = 0.1  # in the config of every run: training runs in train mode, the others in eval mode
@@ -544,8 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         torch.set_num_threads(threads)  # process-wide: a caller (a test) gets its own back
     results["wall_s"] = time.perf_counter() - started
-    # the time it was measured, which a clone's modification times do not keep (tools/benchmark.py reads it)
-    results["written_utc"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    results["written_utc"] = written_utc()
 
     from transfoxl.files import write_bytes_atomically, write_json_atomically, write_text_atomically
 

@@ -5,6 +5,7 @@ Only the standard library: bench_speed.py's worker imports this inside the trans
 
 from __future__ import annotations
 
+import datetime
 import io
 import os
 import platform
@@ -87,3 +88,9 @@ def attention_kernel() -> str:
     from transfoxl.cpp_kernels_txl import compiled_operators
 
     return "compiled" if compiled_operators() is not None else "torch"
+
+
+def written_utc() -> str:
+    """Now, as a part's results record when they were measured (a clone's modification times do not keep it;
+    tools/benchmark.py reads this)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

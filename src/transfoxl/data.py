@@ -248,6 +248,13 @@ def _first_file_not_utf8(data_files: Mapping[str, list[str]]) -> str | None:
     return None
 
 
+def could_not_build(source: str, error: Exception, advice: str) -> str:
+    """The message for a dataset that `datasets` could not build: its DatasetGenerationError names neither the
+    dataset nor the cause (the error's `__cause__`)."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return f"{source}: datasets could not build it ({type(cause).__name__}: {cause}). {advice}"
+
+
 def load_corpus(
     text_files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any] | None = None,
     dataset_name: str | None = None,
@@ -319,13 +326,10 @@ def load_corpus(
         source = f"dataset {dataset_name!r}" + (f" (config {dataset_config!r})" if dataset_config else "")
         try:
             corpus = datasets.load_dataset(dataset_name, dataset_config, cache_dir=cache)
-        except datasets.exceptions.DatasetGenerationError as error:  # (its message names neither it nor the cause)
-            cause = error.__cause__ if error.__cause__ is not None else error
-            raise ValueError(
-                f"{source}: datasets could not build it ({type(cause).__name__}: {cause}). A packaged builder (json, "
-                "csv, text) given no files reads the current folder: pass local files as text_files (scripts: "
-                "--train-file)."
-            ) from None
+        except datasets.exceptions.DatasetGenerationError as error:
+            advice = "A packaged builder (json, csv, text) given no files reads the current folder: pass local files "
+            advice += "as text_files (scripts: --train-file)."
+            raise ValueError(could_not_build(source, error, advice)) from None
     else:
         corpus = builtin_corpus(cache_dir)
         source = "the built-in corpus"

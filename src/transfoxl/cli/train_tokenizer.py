@@ -45,23 +45,17 @@ def read_dataset(
     from datasets import load_dataset
     from datasets.exceptions import DatasetGenerationError
 
+    from ..data import could_not_build
+
     try:
         dataset = load_dataset(name, config, split=split, cache_dir=str(cache_dir) if cache_dir else None)
-    except DatasetGenerationError as error:  # (its message names neither the dataset nor the cause)
-        raise ValueError(dataset_unreadable(f"--dataset {name}", error)) from None
+    except DatasetGenerationError as error:
+        advice = "A packaged builder (json, csv, text, parquet) reads files: give a local file with --text-file "
+        advice += "instead."
+        raise ValueError(could_not_build(f"--dataset {name}", error, advice)) from None
     if column not in dataset.column_names:
         raise ValueError(f"--text-column {column!r}: not a column of {name}; columns: {dataset.column_names}")
     return dataset[column], len(dataset)
-
-
-def dataset_unreadable(source: str, error: Exception) -> str:
-    """The message for a dataset that `datasets` could not build (a packaged builder such as json or csv given no
-    files reads whatever the current folder holds)."""
-    cause = error.__cause__ if error.__cause__ is not None else error
-    return (
-        f"{source}: datasets could not build it ({type(cause).__name__}: {cause}). A packaged builder (json, csv, "
-        "text, parquet) reads files: give a local file with --text-file instead."
-    )
 
 
 class TextCounter:
