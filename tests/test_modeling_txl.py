@@ -681,6 +681,29 @@ def test_token_types_of_one_segment_are_taken_and_a_second_type_is_refused():
         classifier(tokens, token_type_ids=torch.zeros_like(tokens))
         with pytest.raises(ValueError, match=r"token_type_ids marks tokens of a second type .*return_token_type_ids"):
             model(tokens, token_type_ids=torch.ones_like(tokens))
+    # generate(**tokenizer(...)) as with GPT-2: generate() refused them as a keyword the forward does not name.
+    greedy = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    given = model.generate(tokens, token_type_ids=torch.zeros_like(tokens), **greedy)
+    assert torch.equal(given, model.generate(tokens, **greedy))
+    with pytest.raises(ValueError, match=r"token_type_ids marks tokens of a second type"):
+        model.generate(tokens, token_type_ids=torch.ones_like(tokens), **greedy)
+
+
+def test_a_model_reads_its_vocabulary_from_its_own_modules_not_a_shared_config():
+    """Two models built from one config object (`Cls(model.config)`): resizing one's vocabulary writes the shared
+    config's vocab_size, and the other's logits were then viewed with it (a RuntimeError about a shape)."""
+    model = tiny_lm()
+    resized = TxlForCausalLM(model.config).eval()
+    config = model.config
+    tokens = ids(1, 6)
+    with torch.no_grad():
+        expected = model(tokens, labels=tokens)
+        resized.resize_token_embeddings(config.vocab_size + 10)
+        assert model.config.vocab_size == resized.config.vocab_size == expected.logits.shape[-1] + 10
+        again = model(tokens, labels=tokens)
+    torch.testing.assert_close(again.logits, expected.logits, rtol=0, atol=0)
+    torch.testing.assert_close(again.loss, expected.loss, rtol=0, atol=0)
+    assert model.generate(tokens, max_new_tokens=2, do_sample=False).shape == (1, 8)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

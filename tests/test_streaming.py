@@ -91,6 +91,38 @@ def test_tokens_fed_are_all_run_even_when_they_repeat_the_stream():
     torch.testing.assert_close(stream.memory.get_memory(1), expected.get_memory(1), rtol=0, atol=1e-5)
 
 
+class _Recorder(BaseStreamer):
+    """What a streamer is told: each put's ids, and whether it was ended."""
+
+    def __init__(self) -> None:
+        self.puts, self.ended = [], False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+def test_a_streamer_is_told_the_calls_prompt_then_the_new_tokens():
+    """As generate() tells a streamer its prompt and then each new token: the stream's generate() passed it the
+    pending tokens instead (what earlier feeds left unrun, and the last token of an earlier generate()), so a
+    TextStreamer printed a piece of earlier text that depended on segment_len."""
+    model = tiny_lm(mem_len=128)
+    text, prompt = ids(1, 11, seed=1), ids(1, 6, seed=2)
+    stream = TxlStream(model, segment_len=4).feed(text)
+    first, told = stream.generate(max_new_tokens=3, streamer=(recorder := _Recorder()), **GREEDY), recorder
+    assert told.puts == [[], *([token] for token in first[0].tolist())] and told.ended  # no prompt: an empty one
+    second = stream.generate(prompt, max_new_tokens=4, streamer=(recorder := _Recorder()), **GREEDY)
+    assert recorder.puts == [prompt[0].tolist(), *([token] for token in second[0].tolist())] and recorder.ended
+    iterator = TxlStream(model, segment_len=4).feed(text)  # a prompt from an iterator of ids, fed lazily
+    iterator.generate(max_new_tokens=3, **GREEDY)
+    third = iterator.generate(
+        (int(token) for token in prompt[0]), max_new_tokens=2, streamer=(recorder := _Recorder())
+    )
+    assert recorder.puts[0] == prompt[0].tolist() and len(recorder.puts) == 3 and torch.equal(third, second[:, :2])
+
+
 def test_the_stream_leaves_the_model_in_the_mode_it_found():
     model = tiny_lm(mem_len=16, dropout=0.1).train()
     stream = TxlStream(model, segment_len=4).feed(ids(1, 9))

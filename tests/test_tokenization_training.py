@@ -468,6 +468,6 @@ def test_train_tokenizer_script_says_which_dataset_it_could_not_build(
     argv = ["--kind", "char", "--dataset", "json", "--out", str(tmp_path / "tok"), "--no-progress"]
     code = train_tokenizer_cli.main([*argv, "--cache-dir", str(tmp_path / "cache")])
     err = capsys.readouterr().err
-    record_property("message", err.strip().splitlines()[-1])
+    record_property("outcome", f"exit {code}: " + err.strip().splitlines()[-1])
     assert code == 1 and "--dataset json: datasets could not build it" in err and "--text-file" in err
     assert "Traceback" not in err and not (tmp_path / "tok").exists()

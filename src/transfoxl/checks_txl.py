@@ -387,6 +387,18 @@ def check_stop_strings_tokenizer(tokenizer: Any) -> None:
         )
 
 
+def check_token_type_ids(token_types: object) -> None:
+    """Tokenizers made for BERT-like models return token types (all 0 for one text), and GPT-2 takes them (in its
+    forward and in generate()): so is a single segment's. Transformer-XL has no token-type embedding to give a second
+    one (a pair's 1s)."""
+    if token_types is not None and bool(torch.as_tensor(token_types).ne(0).any()):
+        raise ValueError(
+            "token_type_ids marks tokens of a second type (a text pair?): Transformer-XL has no token-type "
+            "embedding to tell them apart. Join the texts in one sequence, or call the tokenizer with "
+            "return_token_type_ids=False."
+        )
+
+
 def reject_unknown_arguments(kwargs: dict) -> None:
     """A misspelt or v4-only argument must not be dropped silently (v4's `mems=` would lose the memory)."""
     if "mems" in kwargs:
@@ -394,14 +406,6 @@ def reject_unknown_arguments(kwargs: dict) -> None:
             "`mems` is transformers v4's name: pass the memory as past_key_values=TxlMemory (convert a v4 list of "
             "[mem_len, batch, d_model] tensors with TxlMemory.from_legacy(mems))."
         )
-    # Tokenizers made for BERT-like models return token types (all 0 for one text), and GPT-2 takes them: so is a
-    # single segment's. Transformer-XL has no token-type embedding to give a second one (a pair's 1s).
-    token_types = kwargs.pop("token_type_ids", None)
-    if token_types is not None and bool(torch.as_tensor(token_types).ne(0).any()):
-        raise ValueError(
-            "token_type_ids marks tokens of a second type (a text pair?): Transformer-XL has no token-type "
-            "embedding to tell them apart. Join the texts in one sequence, or call the tokenizer with "
-            "return_token_type_ids=False."
-        )
+    check_token_type_ids(kwargs.pop("token_type_ids", None))
     if kwargs:
         raise TypeError(f"Unexpected arguments for a Transformer-XL forward: {sorted(kwargs)}.")

@@ -74,6 +74,7 @@ from .checks_txl import (
     check_prompt,
     check_stop_strings_tokenizer,
     check_targets,
+    check_token_type_ids,
     reject_unknown_arguments,
     require_integer,
     sequence_breaks,
@@ -1759,7 +1760,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         if targets is not None:
             check_targets(
                 targets,
-                self.config.vocab_size,
+                self.adaptive_softmax.bounds[-1],
                 allow_all_ignored=num_items_in_batch is not None,
                 shifted=labels is not None,
             )
@@ -1778,8 +1779,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                 kept = hidden_states[:, logits_to_keep.to(hidden_states.device)]
             else:
                 kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
+            # (the softmax's own vocabulary: a config shared with a model resized since says another)
             logits = self.adaptive_softmax(kept.reshape(-1, kept.shape[-1])).view(
-                batch, kept.shape[1], self.config.vocab_size
+                batch, kept.shape[1], self.adaptive_softmax.bounds[-1]
             )
 
         output = TxlCausalLMOutputWithPast(
@@ -1902,14 +1904,17 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         would otherwise fail deep inside (an IndexError for an empty or 1-D prompt), assert on an accelerator, or never
         stop (an end-of-sequence id the model cannot produce)."""
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        # All-zero token types (a BERT-like tokenizer's) are taken, as GPT-2's generate() takes them; nothing reads
+        # them after this check, and generate() would refuse them as a keyword its forward does not name.
+        check_token_type_ids(kwargs.pop("token_type_ids", None))
         if prompt is not None:
-            check_prompt(prompt, self.config.vocab_size, kwargs.get("attention_mask"))
+            check_prompt(prompt, self.adaptive_softmax.bounds[-1], kwargs.get("attention_mask"))
         generation_config = (args[0] if args else kwargs.get("generation_config")) or self.generation_config
 
         def setting(name: str):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
-        check_generation_settings(setting, self.config.vocab_size)
+        check_generation_settings(setting, self.adaptive_softmax.bounds[-1])
         if setting("stop_strings") and kwargs.get("tokenizer") is not None:
             check_stop_strings_tokenizer(kwargs["tokenizer"])
         if setting("repetition_penalty") not in (None, 1.0):

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from tqdm.auto import tqdm
+from transformers.generation.streamers import BaseStreamer
 
 from .checks_txl import is_integer, require_integer, token_id_outside
 from .modeling_txl import TxlForCausalLM, TxlMemory
@@ -76,10 +77,18 @@ class TxlStream:
         """Append tokens to the stream: a `[T]` or `[batch_size, T]` tensor, a list of ids, or an iterator of ids or
         of such tensors (read lazily, so a text larger than memory can be streamed). Returns the stream. All or
         nothing: an error or an interrupt on the way leaves the stream as it was before the call."""
+        return self._feed(tokens)
+
+    def _feed(
+        self, tokens: torch.Tensor | Iterable[int] | Iterable[torch.Tensor], kept: list | None = None
+    ) -> TxlStream:
+        """`feed`; each chunk of tokens `[batch_size, t]` is also appended to `kept`, where given."""
         chunks = self._chunks(tokens)
         bar = tqdm(desc="feeding", unit="tok", disable=not self.progress, total=self._length_hint(tokens))
         with bar, self._all_or_nothing():
             for chunk in chunks:
+                if kept is not None:
+                    kept.append(chunk)
                 self.pending = torch.cat([self.pending, chunk], dim=1)
                 self.tokens_seen += chunk.shape[1]
                 bar.update(chunk.shape[1])
@@ -92,14 +101,18 @@ class TxlStream:
         The generated tokens become part of the stream. `generate_kwargs` go to `model.generate` (max_new_tokens,
         do_sample, top_k, top_p, temperature, num_beams, streamer, stopping criteria, ...). With beam search, the best
         sequence of each stream is what the stream continues with. All or nothing, as `feed`: after an error (a bad
-        argument, an interrupt, a streamer that raises) the prompt is not part of the stream.
+        argument, an interrupt, a streamer that raises) the prompt is not part of the stream. A `streamer` is told
+        this call's `prompt` (none: an empty one) and then the new tokens, as generate() tells it a prompt and its
+        continuation: not the tokens fed before, which generate() is given too (`pending`).
         """
         with self._all_or_nothing():
             return self._generate(prompt, **generate_kwargs)
 
     def _generate(self, prompt: torch.Tensor | Iterable[int] | None, **generate_kwargs) -> torch.Tensor:
+        streamer = generate_kwargs.get("streamer")
+        prompt_chunks = [] if streamer is not None else None
         if prompt is not None:
-            self.feed(prompt)
+            self._feed(prompt, prompt_chunks)
         if self.pending.shape[1] == 0:
             raise ValueError("TxlStream.generate: nothing to continue from; feed at least one token first.")
         # What generate() will use: a keyword, else the generation_config passed, else the model's.
@@ -113,6 +126,9 @@ class TxlStream:
             raise ValueError("TxlStream.generate continues its memory: use_cache=False would leave it behind.")
         # (use_cache=True whatever the generation config says: without the memory, the stream would lose the tokens)
         generate_kwargs["use_cache"] = True
+        if streamer is not None:
+            shown = torch.cat(prompt_chunks, dim=1) if prompt_chunks else self.pending[:, :0]
+            generate_kwargs["streamer"] = _PromptShownAs(streamer, shown)
         in_place = generate_kwargs.get("num_beams", getattr(settings, "num_beams", 1) or 1) == 1
         # Beam search leaves the memory holding its running beams, so it works on a copy and the stream then feeds
         # the chosen tokens into its own memory.
@@ -227,3 +243,18 @@ class TxlStream:
         if isinstance(tokens, torch.Tensor):
             return tokens.shape[-1] if tokens.dim() > 0 else 1
         return len(tokens) if isinstance(tokens, (list, tuple)) and all(isinstance(t, int) for t in tokens) else None
+
+
+class _PromptShownAs(BaseStreamer):
+    """A streamer passed on, told `prompt` `[batch_size, n]` where generate() tells it the prompt (its first `put`),
+    then whatever generate() tells it."""
+
+    def __init__(self, streamer: BaseStreamer, prompt: torch.Tensor) -> None:
+        self.streamer, self.prompt = streamer, prompt
+
+    def put(self, value: torch.Tensor) -> None:
+        prompt, self.prompt = self.prompt, None
+        self.streamer.put(value if prompt is None else prompt)
+
+    def end(self) -> None:
+        self.streamer.end()
