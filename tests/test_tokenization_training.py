@@ -87,8 +87,13 @@ def test_word_level_lower_case(corpus: str) -> None:
 
 
 def test_char_level_has_a_newline_token_even_from_lines_without_one() -> None:
-    tokenizer = train_char_level(["one line", "another line"])  # as a `datasets` text column gives them
+    """Lines without their newline (as a `datasets` text column gives them) end with one each in the stream: the
+    newline takes its place by that count (it came last, after the rarest character, into an adaptive softmax's
+    smallest cluster)."""
+    tokenizer = train_char_level(["one line", "another line", "a line"])
     assert tokenizer.decode(tokenizer.encode("one\nline")) == "one\nline"
+    vocab = tokenizer.get_vocab()
+    assert vocab["e"] < vocab["\n"] < vocab["o"] < vocab["h"]  # e: 5, newline 3 (one a line), o: 2, h: 1
 
 
 def test_char_level_round_trip(corpus: str) -> None:

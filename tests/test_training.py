@@ -246,6 +246,8 @@ def test_two_processes_give_the_losses_of_one(text_files, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     two = json.loads((tmp_path / "two" / "metrics.json").read_text(encoding="utf-8"))
     assert two["environment"]["processes"] == 2
+    batch = PRESETS["tiny"].training["batch_size"]
+    assert f"batch {batch} ({batch // 2} columns x 2 processes)" in result.stdout  # (it read as 2 x the batch)
     for row, two_row in zip(one["history"]["train"], two["history"]["train"], strict=True):
         assert two_row["loss"] == pytest.approx(row["loss"], abs=1e-4)
     for split in ("validation", "test"):
@@ -309,6 +311,18 @@ def test_bad_options_name_the_option(options, message, tmp_path, capsys):
         train_cli.parse_args(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), *options])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_tensorboard_asked_for_but_not_installed_is_refused(monkeypatch, tmp_path, capsys):
+    """accelerate only warned, and the run wrote no curves."""
+    monkeypatch.setattr(training, "tensorboard_installed", lambda: False)
+    argv = ["--preset", "tiny", "--output-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as raised:
+        train_cli.parse_args([*argv, "--report-to", "tensorboard"])
+    assert (
+        raised.value.code == 2 and "--report-to tensorboard: tensorboard is not installed" in capsys.readouterr().err
+    )
+    assert training.resolve_report_to(train_cli.parse_args(argv).report_to) == "none"
 
 
 def test_cutoffs_past_the_vocabulary_are_said_when_dropped(text_files, tmp_path, capsys):
@@ -421,6 +435,19 @@ def test_resume_with_only_the_output_dir_continues_the_run_as_it_was_started(tex
         train_cli.main(["--output-dir", str(out), "--resume", "--tgt-len", "16", "--no-progress"])
 
 
+def test_resume_of_a_folder_without_a_run_needs_the_runs_options(text_files, tmp_path, capsys):
+    """`--output-dir R --resume` with R mistyped started the default run (the built-in corpus, minutes) with a one-line
+    warning: refused, naming the folder. With the run's options given (a job that always passes --resume), a new run
+    starts there, saying so."""
+    typo = tmp_path / "rnu"
+    with pytest.raises(SystemExit) as stopped:
+        train_cli.main(["--output-dir", str(typo), "--resume", "--no-progress"])
+    assert stopped.value.code == 2 and not typo.exists()
+    assert f"--resume: {typo} holds no run (no train_args.json) and no other option" in capsys.readouterr().err
+    run(text_files, typo, "--steps", "2", "--checkpoint-every", "0", "--sample-len", "0", "--resume")
+    assert f"--resume: {typo} holds no run (no train_args.json); starting a new run there" in capsys.readouterr().out
+
+
 def test_resume_with_a_validation_file_added_or_dropped_is_refused_only_where_it_changes_the_training(
     text_files, tmp_path, capsys
 ):
@@ -529,15 +556,19 @@ def test_a_config_file_and_gradient_checkpointing(text_files, tmp_path):
         assert other["loss"] == pytest.approx(row["loss"], abs=1e-6)
 
 
-def test_a_config_file_whose_clusters_do_not_fit_the_vocabulary(tmp_path):
+def test_a_config_file_whose_clusters_do_not_fit_the_vocabulary(tmp_path, capsys):
     """--config of a converted v4 model (cutoffs [20, 50], a tie_projs flag per cluster) with a smaller vocabulary:
-    the clusters past it are dropped with their flags; --cutoffs redefines the clusters and their flags start anew."""
+    the clusters past it are dropped with their flags, and said (they went silently, where --cutoffs' were said);
+    --cutoffs redefines the clusters and their flags start anew."""
     config_path = tmp_path / "config.json"
     source = config_from_preset("tiny", vocab_size=100, cutoffs=[20, 50], tie_projs=[False, True, False])
     source.to_json_file(config_path)
     args = train_cli.parse_args(["--config", str(config_path), "--output-dir", str(tmp_path / "run")])
     config = training.build_config(args, vocab_size=30)
     assert config.cutoffs == [20] and config.tie_projs == [False, True]
+    assert "note: the --config's cutoffs 50 dropped: a cluster boundary must lie inside the vocabulary of 30" in (
+        capsys.readouterr().out
+    )
     args = train_cli.parse_args(["--config", str(config_path), "--cutoffs", "10", "--output-dir", str(tmp_path / "r")])
     config = training.build_config(args, vocab_size=30)
     assert config.cutoffs == [10] and len(config.tie_projs) == 2

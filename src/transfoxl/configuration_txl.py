@@ -76,9 +76,11 @@ class TxlConfig(PreTrainedConfig):
         clamp_len (`int`, *optional*, defaults to 1000):
             Relative distances above `clamp_len` use the encoding of `clamp_len`; 0 or less disables clamping.
         same_length (`bool`, *optional*, defaults to `True`):
-            Every query attends to the same number of positions (the paper's evaluation setting): itself and the
-            `mem_len - 1` positions before it, also within one long segment (a query does not see further back than
-            that). No effect with `mem_len` 0.
+            Every query attends to the same number of positions (the original code's evaluation setting, not in
+            the paper): itself and the `mem_len - 1` positions before it, also within one long segment (a query does
+            not see further back than that). No effect with `mem_len` 0. The default is v4's (its WikiText-103
+            model's); the original code trains with it off, as the training presets do: pass `same_length=False` to
+            train a model of your own, or a segment longer than `mem_len` sees less than its whole past.
         tie_projs (`list[bool]`, *optional*):
             Per cluster, whether the adaptive softmax shares the input embedding's projection. Derived from
             `proj_share_all_but_first` when not given.

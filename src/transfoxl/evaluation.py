@@ -3,8 +3,9 @@
 `evaluate_stream(model, stream, tgt_len=..., mem_len=...)` reads the stream with `StreamBatcher` (segments of
 `tgt_len`, `batch_size` contiguous columns), carries a memory of `mem_len` positions from segment to segment, and sums
 the negative log-likelihood of every target. Working memory stays bounded whatever the stream's length: one segment of
-activations plus the memory. The paper's evaluation options (a memory longer than in training, `clamp_len`,
-`same_length`) apply for the call only (`evaluation_settings`), the model's config is restored afterwards.
+activations plus the memory. The evaluation options (a memory longer than in training, as in the paper; the original
+code's `clamp_len` and `same_length`) apply for the call only (`evaluation_settings`), the model's config is
+restored afterwards.
 
 Shape legend: `N` tokens in the stream, `B` columns (`batch_size`), `L` the segment length (`tgt_len`), `M` the memory
 length (`mem_len`).

@@ -425,11 +425,14 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
         if d_model % n_head:
             raise SystemExit(f"d_model {d_model} is not a multiple of n_head {n_head}: pass --d-head as well.")
         overrides["d_head"] = d_model // n_head
+    asked = ("--cutoffs", args.cutoffs or [])  # (cluster bounds asked for: dropped ones are said)
     try:
         if args.config_values is not None:
             for key in ("vocab_size", "n_token", "architectures", "auto_map", "transformers_version", "model_type"):
                 base.pop(key, None)
             given_cutoffs = list(base.get("cutoffs", []))
+            if args.cutoffs is None:
+                asked = ("the --config's cutoffs", given_cutoffs)
             base.update({key: value for key, value in overrides.items() if value is not None})
             base["cutoffs"] = [cutoff for cutoff in base.get("cutoffs", []) if cutoff < vocab_size]
             tie_projs = base.get("tie_projs")
@@ -446,10 +449,10 @@ def build_config(args: argparse.Namespace, vocab_size: int) -> TxlConfig:
             config = config_from_preset(args.preset, vocab_size, **overrides)
     except ValueError as error:  # the config's own checks name the field
         raise SystemExit(f"The model configuration is invalid: {error}") from None
-    dropped = [cutoff for cutoff in args.cutoffs or [] if cutoff not in config.cutoffs]
+    dropped = [cutoff for cutoff in asked[1] if cutoff not in config.cutoffs]
     if dropped and PartialState().is_main_process:  # a given option changed: said once, not silently
         print(
-            f"note: --cutoffs {', '.join(map(str, dropped))} dropped: a cluster boundary must lie inside the "
+            f"note: {asked[0]} {', '.join(map(str, dropped))} dropped: a cluster boundary must lie inside the "
             f"vocabulary of {vocab_size} tokens; the clusters are {config.cutoffs or 'none (one softmax)'}"
         )
     # A language model of running text: the line-end / <eos> token must not stop generation.
@@ -529,11 +532,15 @@ def precision_note(device_type: str, mixed_precision: str) -> str | None:
     )
 
 
+def tensorboard_installed() -> bool:
+    """Whether accelerate's tensorboard tracker can run (it takes tensorboard's or tensorboardX's writer)."""
+    return bool(importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"))
+
+
 def resolve_report_to(report_to: str) -> str:
     """`--report-to`: "auto" is tensorboard when it is installed, else none."""
     if report_to == "auto":
-        has_tensorboard = importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
-        return "tensorboard" if has_tensorboard else "none"
+        return "tensorboard" if tensorboard_installed() else "none"
     return report_to
 
 
@@ -913,12 +920,22 @@ class Trainer:
             f"vocabulary {len(tokenizer)} ({args.tokenizer})\n"
             f"model: {config.n_layer} layers, d_model {config.d_model}, {self.num_parameters() / 1e6:.2f}M parameters"
             f"{f', fine-tuned from {args.model_name_or_path}' if args.model_name_or_path else ''}; "
-            f"tgt_len {args.tgt_len}, mem_len {args.mem_len}, batch {args.batch_size} x {self.world_size} "
-            f"process(es); {args.steps} steps on {self.accelerator.device}, "
+            f"tgt_len {args.tgt_len}, mem_len {args.mem_len}, batch {args.batch_size}{self._batch_split()}; "
+            f"{args.steps} steps on {self.accelerator.device}, "
             f"{'fp32' if args.mixed_precision == 'no' else f'{args.mixed_precision} autocast'}"
         )
         if (note := precision_note(self.accelerator.device.type, args.mixed_precision)) is not None:
             self.accelerator.print(note)
+
+    def _batch_split(self) -> str:
+        """How `--batch-size` (the columns of an update, all processes together) is split, where it is."""
+        groups, processes = self.args.grad_accum, self.world_size
+        if groups == 1 and processes == 1:
+            return ""
+        parts = [f"{self.args.batch_size // (groups * processes)} columns"]
+        parts += [f"{groups} accumulated groups"] if groups > 1 else []
+        parts += [f"{processes} processes"] if processes > 1 else []
+        return f" ({' x '.join(parts)})"
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.unwrapped.parameters())

@@ -306,6 +306,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.resume and args.output_dir is not None:
         take_the_runs_options(parser, args, argv)
         check_data_sources(parser, args)
+    if args.report_to == "tensorboard" and not training.tensorboard_installed():  # (accelerate would only warn)
+        parser.error(
+            "--report-to tensorboard: tensorboard is not installed (pip install -e '.[tensorboard]'); --report-to "
+            "auto uses it when it is, none writes no curves"
+        )
     return args
 
 
@@ -315,17 +320,23 @@ def take_the_runs_options(
     """`--resume`: the options not on the command line are the run's own (its train_args.json), so that
     `--output-dir R --resume` continues R as it was started. Those given are kept and compared with the run's when it
     resumes (`training.check_resumable`: the ones that change the training must be the same)."""
-    train_args = Path(args.output_dir) / TRAIN_ARGS
-    if not train_args.is_file():
-        return  # no run there yet: a new one starts (training.open_run_folder says so)
-    try:
-        saved = read_json_object(train_args)
-    except RunFolderError as error:
-        parser.error(f"--resume: {error}")
     probe = build_parser()  # the same options, none with a default: what it returns is what was given
     for action in probe._actions:
         action.default = argparse.SUPPRESS
     given = set(vars(probe.parse_args(argv)))
+    train_args = Path(args.output_dir) / TRAIN_ARGS
+    if not train_args.is_file():
+        if not given - {"output_dir", "resume", "progress"}:
+            # (a mistyped folder would otherwise start the default run, on other data, where the user expects theirs)
+            parser.error(
+                f"--resume: {args.output_dir} holds no run (no {TRAIN_ARGS}) and no other option says what to train: "
+                "give the folder of a run started by train.py, or drop --resume to start a new run there"
+            )
+        return  # no run there yet, but its options given: a new one starts (training.open_run_folder says so)
+    try:
+        saved = read_json_object(train_args)
+    except RunFolderError as error:
+        parser.error(f"--resume: {error}")
     given.add("progress")  # this terminal's, not the run's: --no-progress has no opposite to turn bars back on
     for key, value in saved.items():
         if key not in given and hasattr(args, key):

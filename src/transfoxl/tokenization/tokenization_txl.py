@@ -592,17 +592,22 @@ def train_char_level(
     """Train a character-level tokenizer: every character (space and newline included) is one token.
 
     Vocabulary: `unk_token`, `eos_token`, then characters by decreasing count (at most `max_size`, each seen at least
-    `min_freq` times), and the newline in any case (lines read by `datasets` come without it).
+    `min_freq` times), the newline in any case: texts that hold none are lines read by `datasets`, which come
+    without theirs, so it is counted once per text (its place among the frequent characters matters to an adaptive
+    softmax, whose clusters are ranges of ids).
     `decode(encode(text)) == text` for any text made of known characters; unknown characters map
     to `unk_token`. No token is added automatically: append `eos_token_id` yourself where a document ends.
     """
     counter: Counter[str] = Counter()
+    done = 0
     for done, text in enumerate(texts, start=1):
         if not isinstance(text, str):
             raise TypeError(f"texts: expected strings, found {type(text).__name__}")
         counter.update(text)
         if progress is not None:
             progress(done)
+    if "\n" not in counter:  # (lines without their newline: one ends each in the stream)
+        counter["\n"] = done
     specials = [token for token in (unk_token, eos_token) if token]
     chars = [char for char, count in counter.most_common(max_size) if count >= min_freq and char not in specials]
     if "\n" not in chars:  # lines from a `datasets` text column carry no newline, but the stream needs one
