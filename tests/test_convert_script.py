@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 import tests.test_legacy_parity as parity
 from tests.utils import SYSTEM, RunsCommand, reliability, write_bin
 from transfoxl import TxlConfig, TxlForCausalLM, conversion
-from transfoxl.cli import convert, publish
+from transfoxl.cli import convert, convert_vocab, publish
 from transfoxl.tokenization import tokenizer_from_legacy_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,6 +294,25 @@ def test_hub_snapshot_folder_given_as_a_path_is_named_by_repo_and_commit(tmp_pat
     assert str(tmp_path) not in card
 
 
+def test_a_tokenizer_added_after_the_conversion_is_on_the_published_card(tmp_path: Path, capsys) -> None:
+    """A source without a vocabulary is converted without a tokenizer; docs/hub.md adds one with convert_vocab.py.
+    The published card said "No tokenizer" and used random ids in its example (conversion.json says none)."""
+    source = legacy_folder(tmp_path, NAMES[0], parity.WEIGHT_FILES[0])
+    out = tmp_path / "out"
+    assert convert.main([str(source), str(out), "--no-verify"]) == 0
+    assert json.loads((out / "conversion.json").read_text())["tokenizer"] is None
+    vocab = tmp_path / "vocab.pkl"
+    vocab.write_bytes(small_vocab_pickle(TxlConfig.from_pretrained(out).vocab_size))
+    assert convert_vocab.main([str(vocab), str(out)]) == 0
+    dry = tmp_path / "dry"
+    assert publish.main([str(out), "--repo-id", "me/tiny-txl", "--dry-run", "--dry-run-dir", str(dry)]) == 0
+    card = (dry / "README.md").read_text()
+    assert "No tokenizer" not in card and "no tokenizer here" not in card
+    assert "**Tokenizer**: `tokenizer.json`, put in the folder after the conversion" in card
+    assert "tokenizer = AutoTokenizer.from_pretrained(repo_id" in card
+    capsys.readouterr()
+
+
 def test_a_converted_folder_is_published_with_its_conversion_card(tmp_path: Path, capsys) -> None:
     """publish.py on a folder made by convert.py renders the conversion card again for the Hub id (where the model came
     from, the verification, memory_init), from the conversion.json written beside the model, and takes the source's
@@ -399,6 +418,11 @@ def test_hub_repo_id_offline_and_not_cached(tmp_path: Path, monkeypatch, capsys)
     assert "someorg/not-downloaded: not a local folder, and the Hub repository is not in the local cache" in error
     assert "HF_HUB_OFFLINE" in error
     assert not (tmp_path / "out").exists()
+    # A cached repository at a revision that is not: the message says the revision is missing, not the repository.
+    with pytest.raises(SystemExit):
+        convert.main(["someorg/tiny-transfo-xl", str(tmp_path / "out"), "--revision", "nope"])
+    error = capsys.readouterr().err
+    assert "not a local folder, and revision nope of the Hub repository is not in the local cache" in error
 
 
 def test_hub_repo_id_gated_says_how_to_get_access(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -687,6 +687,8 @@ def test_token_types_of_one_segment_are_taken_and_a_second_type_is_refused():
     assert torch.equal(given, model.generate(tokens, **greedy))
     with pytest.raises(ValueError, match=r"token_type_ids marks tokens of a second type"):
         model.generate(tokens, token_type_ids=torch.ones_like(tokens), **greedy)
+    with pytest.raises(ValueError, match=r"token_type_ids of shape \[1, 2\] do not go with the input ids of shape"):
+        model.generate(tokens, token_type_ids=torch.zeros(1, 2, dtype=torch.long), **greedy)
 
 
 def test_a_model_reads_its_vocabulary_from_its_own_modules_not_a_shared_config():
@@ -704,6 +706,15 @@ def test_a_model_reads_its_vocabulary_from_its_own_modules_not_a_shared_config()
     torch.testing.assert_close(again.logits, expected.logits, rtol=0, atol=0)
     torch.testing.assert_close(again.loss, expected.loss, rtol=0, atol=0)
     assert model.generate(tokens, max_new_tokens=2, do_sample=False).shape == (1, 8)
+    # An id the resized model has and this one lacks is refused by this one's own count, with gradients too (the
+    # masked embedding path would clamp it), and by a stream and an evaluation of it.
+    outside = torch.tensor([[1, model.input_vocab_size() + 3]])
+    with pytest.raises(ValueError, match=rf"outside the vocabulary.*\b{model.input_vocab_size()}\b"):
+        model(outside)
+    with pytest.raises(ValueError, match="outside"):
+        TxlStream(model).feed(outside)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        evaluate_stream(model, torch.cat([outside, tokens], dim=1).reshape(-1), tgt_len=2, mem_len=4)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -772,7 +772,7 @@ def test_publish_points_a_v4_checkpoint_to_convert(scripts, tmp_path, capsys, re
         publish_argv(legacy),
         capsys,
         "is a transformers-v4 checkpoint (model_type 'transfo-xl'): convert it first",
-        "scripts/convert.py RUN_DIR OUT",
+        f"scripts/convert.py {legacy} OUT",  # (the folder itself, not a placeholder)
     )
     assert {path.name: path.read_bytes() for path in legacy.iterdir()} == before
 

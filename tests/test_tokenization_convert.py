@@ -74,6 +74,14 @@ def test_convert_refuses_a_vocabulary_larger_than_the_model_in_out(tmp_path: Pat
     assert sorted(path.name for path in out.iterdir()) == ["config.json"]
     (out / "config.json").write_text(json.dumps({"model_type": "txl", "vocab_size": 128}))
     assert convert_vocab.main([str(FIXTURES / "v4_folder"), str(out)]) == 0
+    # The same mismatch in the source folder itself (its weights and its vocab.pkl), as convert.py refuses it: the
+    # tokenizer was written without a word.
+    source = tmp_path / "source"
+    shutil.copytree(FIXTURES / "v4_folder", source)
+    (source / "config.json").write_text(json.dumps({"model_type": "transfo-xl", "vocab_size": 100}))
+    assert convert_vocab.main([str(source), str(tmp_path / "new")]) == 1
+    assert f"SOURCE {source} holds a model of vocab_size 100 and this vocabulary has 111" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def test_convert_names_a_missing_source_and_a_file_as_output(tmp_path: Path, capsys) -> None:

@@ -435,6 +435,9 @@ def test_decode_reverses_wikitext_conventions() -> None:
     assert tokenizer.decode(ids) == "It sold 1,000 copies and 3.14 million , a role-playing game .\nthe game"
     # Decoding then encoding again gives the same ids: the raw-text rules re-split what the decoder joined.
     assert tokenizer.encode(tokenizer.decode(ids)) == ids
+    # A separator at a line end: the newline stays one (it came back as `role-<eos> game`, a literal <eos>).
+    ids = tokenizer.encode("a role @-@\ngame @,@\nthe")
+    assert tokenizer.decode(ids) == "a role @-@\ngame @,@\nthe" and tokenizer.encode(tokenizer.decode(ids)) == ids
 
 
 def test_decode_differs_from_v4_moses_detokenizer() -> None:

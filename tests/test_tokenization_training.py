@@ -94,6 +94,12 @@ def test_char_level_has_a_newline_token_even_from_lines_without_one() -> None:
     assert tokenizer.decode(tokenizer.encode("one\nline")) == "one\nline"
     vocab = tokenizer.get_vocab()
     assert vocab["e"] < vocab["\n"] < vocab["o"] < vocab["h"]  # e: 5, newline 3 (one a line), o: 2, h: 1
+    # Texts with and without newlines: one more for each that does not end with one, as the stream has it.
+    vocab = train_char_level(["ab\n", "ab", "a\nb"]).get_vocab()  # newline 4 (2 written, 2 line ends), a and b 3
+    assert vocab["\n"] < vocab["a"] < vocab["b"]
+    # max_size counts the characters besides the newline (--vocab-size's help): all three kept.
+    vocab = train_char_level(["abcab", "aab"], max_size=3).get_vocab()
+    assert len(vocab) == 2 + 4 and vocab["b"] < vocab["\n"] < vocab["c"]
 
 
 def test_char_level_round_trip(corpus: str) -> None:

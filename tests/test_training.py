@@ -9,6 +9,7 @@ import copy
 import json
 import math
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -179,6 +180,50 @@ def test_resume_refuses_changed_options_and_a_used_folder_needs_resume(text_file
     assert [path.name for path in other.iterdir()] == ["notes.txt"]
 
 
+class _RunsCode:
+    """A pickle that runs code when loaded: it would create `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.reliability(
+    "training",
+    "--resume of a checkpoint whose scheduler state (custom_checkpoint_0.pkl) would run code, then of a truncated "
+    "optimizer.bin",
+    "refused before accelerate unpickles it, nothing run; the damaged file named, no traceback",
+)
+def test_resume_refuses_a_checkpoint_object_that_would_run_code_and_names_a_damaged_file(
+    text_files, tmp_path, record_property
+):
+    """accelerate reads a registered object's state (the scheduler's, custom_checkpoint_0.pkl) with
+    weights_only=False: a file from elsewhere ran its code on --resume. A damaged optimizer.bin gave a traceback."""
+    out = tmp_path / "run"
+    run(text_files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0")
+    (out / "metrics.json").unlink()  # as if killed after its last checkpoint
+    checkpoint = out / "checkpoints" / "step-00000004"
+    scheduler_state = checkpoint / "custom_checkpoint_0.pkl"
+    torch.load(scheduler_state, weights_only=True)  # what the package writes there loads without pickle's globals
+    original, marker = scheduler_state.read_bytes(), tmp_path / "code-ran"
+    refusal = r"custom_checkpoint_0\.pkl is not resumed from: it holds more than numbers \(it could run code"
+    for save in (torch.save, lambda thing, path: path.write_bytes(pickle.dumps(thing))):  # torch's format, and raw
+        save(_RunsCode(marker), scheduler_state)
+        with pytest.raises(SystemExit, match=refusal) as refused:
+            run(text_files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0", "--resume")
+        assert not marker.exists()
+    scheduler_state.write_bytes(original)
+    optimizer = checkpoint / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    with pytest.raises(
+        SystemExit, match=r"the checkpoint .*step-00000004 could not be read \(.*\): a damaged file"
+    ) as bad:
+        run(text_files, out, "--steps", "4", "--checkpoint-every", "2", "--sample-len", "0", "--resume")
+    record_property("outcome", f"{refused.value.code}; {bad.value.code}".replace(str(tmp_path), "<tmp>"))
+
+
 def test_resume_refuses_training_text_that_changed_in_place(text_files, tmp_path):
     """The same file name and size but other text (review finding: the run went on over other tokens): refused in one
     line before anything is loaded, as a text of another length is."""
@@ -319,10 +364,17 @@ def test_tensorboard_asked_for_but_not_installed_is_refused(monkeypatch, tmp_pat
     argv = ["--preset", "tiny", "--output-dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit) as raised:
         train_cli.parse_args([*argv, "--report-to", "tensorboard"])
-    assert (
-        raised.value.code == 2 and "--report-to tensorboard: tensorboard is not installed" in capsys.readouterr().err
-    )
+    assert raised.value.code == 2
+    assert "--report-to tensorboard: tensorboard is not installed" in capsys.readouterr().err
     assert training.resolve_report_to(train_cli.parse_args(argv).report_to) == "none"
+    # A run started where tensorboard was, resumed where it is not: the message says the option is the run's.
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
+    (run_folder / "train_args.json").write_text(json.dumps({"preset": "tiny", "report_to": "tensorboard"}))
+    with pytest.raises(SystemExit):
+        train_cli.parse_args(["--output-dir", str(run_folder), "--resume"])
+    message = capsys.readouterr().err
+    assert "--report-to tensorboard (the run's own, from its train_args.json): tensorboard is not installed" in message
 
 
 def test_cutoffs_past_the_vocabulary_are_said_when_dropped(text_files, tmp_path, capsys):
@@ -440,10 +492,11 @@ def test_resume_of_a_folder_without_a_run_needs_the_runs_options(text_files, tmp
     warning: refused, naming the folder. With the run's options given (a job that always passes --resume), a new run
     starts there, saying so."""
     typo = tmp_path / "rnu"
-    with pytest.raises(SystemExit) as stopped:
-        train_cli.main(["--output-dir", str(typo), "--resume", "--no-progress"])
-    assert stopped.value.code == 2 and not typo.exists()
-    assert f"--resume: {typo} holds no run (no train_args.json) and no other option" in capsys.readouterr().err
+    for others in ([], ["--seed", "3", "--report-to", "none", "--keep-checkpoints", "3"]):  # (a job's own options)
+        with pytest.raises(SystemExit) as stopped:
+            train_cli.main(["--output-dir", str(typo), "--resume", "--no-progress", *others])
+        assert stopped.value.code == 2 and not typo.exists()
+        assert f"--resume: {typo} holds no run (no train_args.json), and no option says" in capsys.readouterr().err
     run(text_files, typo, "--steps", "2", "--checkpoint-every", "0", "--sample-len", "0", "--resume")
     assert f"--resume: {typo} holds no run (no train_args.json); starting a new run there" in capsys.readouterr().out
 
@@ -859,11 +912,11 @@ def test_fine_tuning_with_a_tokenizer_of_other_ids_is_noted(converted_model, wor
         assert train_cli.main(argv) == 0
         notes[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: --tokenizer")]
     assert len(notes["other"]) == 1 and notes["own"] == []
-    moved = sum(
-        AutoTokenizer.from_pretrained(converted_model).get_vocab().get(token) != index
-        for token, index in other.get_vocab().items()
-    )
+    own_vocab = AutoTokenizer.from_pretrained(converted_model).get_vocab()
+    moved = sum(own_vocab.get(token) not in (index, None) for token, index in other.get_vocab().items())
     assert moved > 0 and f"gives {moved} of its {len(other)} tokens other ids" in notes["other"][0]
+    new = sum(token not in own_vocab for token in other.get_vocab())  # (told apart: they have no id there at all)
+    assert (f"has {new} tokens the model's own lacks" in notes["other"][0]) == (new > 0)
 
 
 def test_run_clm_option_names_parse_as_the_options_they_stand_for(converted_model, word_files, tmp_path, monkeypatch):

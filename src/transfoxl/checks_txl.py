@@ -387,11 +387,19 @@ def check_stop_strings_tokenizer(tokenizer: Any) -> None:
         )
 
 
-def check_token_type_ids(token_types: object) -> None:
+def check_token_type_ids(token_types: object, ids_shape: tuple | None = None) -> None:
     """Tokenizers made for BERT-like models return token types (all 0 for one text), and GPT-2 takes them (in its
     forward and in generate()): so is a single segment's. Transformer-XL has no token-type embedding to give a second
-    one (a pair's 1s)."""
-    if token_types is not None and bool(torch.as_tensor(token_types).ne(0).any()):
+    one (a pair's 1s). `ids_shape`: the `[B, Q]` of the ids they go with, where known (GPT-2 fails on others)."""
+    if token_types is None:
+        return
+    token_types = torch.as_tensor(token_types)
+    if ids_shape is not None and tuple(token_types.shape) != tuple(ids_shape):
+        raise ValueError(
+            f"token_type_ids of shape {list(token_types.shape)} do not go with the input ids of shape "
+            f"{list(ids_shape)}: one type per token expected (all 0)."
+        )
+    if bool(token_types.ne(0).any()):
         raise ValueError(
             "token_type_ids marks tokens of a second type (a text pair?): Transformer-XL has no token-type "
             "embedding to tell them apart. Join the texts in one sequence, or call the tokenizer with "

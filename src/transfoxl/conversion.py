@@ -168,8 +168,9 @@ def resolve_source(source: str, revision: str | None = None) -> Source:
     try:
         folder = Path(huggingface_hub.snapshot_download(source, revision=revision, allow_patterns=SNAPSHOT_PATTERNS))
     except LocalEntryNotFoundError as error:
+        cached = "the Hub repository" if revision is None else f"revision {revision} of the Hub repository"
         raise ConversionError(
-            f"SOURCE {source}: not a local folder, and the Hub repository is not in the local cache while the Hub "
+            f"SOURCE {source}: not a local folder, and {cached} is not in the local cache while the Hub "
             f"cannot be reached (offline mode: HF_HUB_OFFLINE=1, or no network). Download it once online, or give "
             f"the path of a local copy. ({error})"
         ) from error
@@ -527,12 +528,15 @@ def convert_vocabulary(
         raise ValueError(f"OUT {out}: is the input's folder; choose another folder (the input is never modified)")
     overrides = {} if lower_case is None else {"lower_case": lower_case}
     tokenizer = tokenizer_from_legacy_vocab(source, **overrides)
-    model_vocab_size = _model_vocab_size(out)
-    if model_vocab_size is not None and len(tokenizer) > model_vocab_size:
-        raise ValueError(
-            f"OUT {out} holds a model of vocab_size {model_vocab_size} and this vocabulary has {len(tokenizer)} "
-            "tokens: ids past the model's would fail in it. Convert the vocabulary the model was trained with."
-        )
+    # The model this tokenizer goes with (OUT's, else the source folder's own) must have an id for every token.
+    for role, folder in (("OUT", out), ("SOURCE", source_folder)):
+        model_vocab_size = _model_vocab_size(folder)
+        if model_vocab_size is not None and len(tokenizer) > model_vocab_size:
+            raise ValueError(
+                f"{role} {folder} holds a model of vocab_size {model_vocab_size} and this vocabulary has "
+                f"{len(tokenizer)} tokens: ids past the model's would fail in it. Convert the vocabulary the model "
+                "was trained with."
+            )
     try:
         return save_atomically(tokenizer, out, overwrite=overwrite)
     except FileExistsError as error:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .batching import StreamBatcher
 from .checks_txl import require_integer, token_id_outside
 from .configuration_txl import MEMORY_INIT_CHOICES
-from .modeling_txl import TxlMemory
+from .modeling_txl import TxlMemory, input_vocab_size
 
 __all__ = ["StreamEvaluation", "evaluate_stream", "evaluation_settings", "is_character_level"]
 
@@ -111,8 +111,8 @@ def evaluation_settings(
     """Within the block, the model's config uses `clamp_len` / `same_length` / `memory_init` (None: unchanged);
     restored on exit, also when the block raises.
 
-    All are read at every forward, so changing them needs no new weights: the paper evaluates with a longer memory,
-    `clamp_len` and `same_length` than it trains with.
+    All are read at every forward, so changing them needs no new weights: the paper evaluates with a longer memory
+    than it trains with, and the original code also with `clamp_len` and `same_length`.
     """
     # Every value checked before any is set: a refused one must not leave the others on the model's config.
     if clamp_len is not None:
@@ -178,7 +178,7 @@ def evaluate_stream(
     else:
         batcher = StreamBatcher(stream, batch_size, tgt_len, rank=rank, world_size=world_size, device=device)
     # Once, before any segment: a bad id would otherwise stop the evaluation wherever it sits in the stream.
-    vocab_size = model.config.vocab_size
+    vocab_size = input_vocab_size(model)
     bad = token_id_outside(batcher.columns, vocab_size)
     if bad is not None:
         raise ValueError(

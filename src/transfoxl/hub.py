@@ -145,7 +145,8 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
     if config.get("model_type") == TransfoXLConfig.model_type:  # a v4 checkpoint: converted, never rewritten here
         raise RunFolderError(
             f"{run.config_path} is a transformers-v4 checkpoint (model_type 'transfo-xl'): convert it first with "
-            "`python scripts/convert.py RUN_DIR OUT` (verified against v4, with tokenizer and card), then publish OUT"
+            f"`python scripts/convert.py {run.path} OUT` (verified against v4, with tokenizer and card), then publish "
+            "OUT"
         )
     publication = Publication(run=run, config=config)
     publication.files.update({name: run.path / name for name in MODEL_FILES if (run.path / name).is_file()})
@@ -454,6 +455,7 @@ def run_card(publication: Publication, repo_id: str, license_id: str, datasets: 
             license_id=license_id,
             datasets=datasets,
             local=False,
+            tokenizer_added="tokenizer.json" in publication.files,  # (publishing requires one: add_tokenizer)
         )
     return card_for_run(
         repo_id=repo_id,

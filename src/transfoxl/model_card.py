@@ -535,9 +535,11 @@ def card_for_conversion(
     license_id: str | None,
     local: bool,
     datasets: list[str] | None = None,
+    tokenizer_added: bool = False,
 ) -> ModelCard:
     """The card of a converted v4 checkpoint from its `conversion_record`: `repo_id` is the folder's name (`local`,
-    right after the conversion) or its Hub id (publishing)."""
+    right after the conversion) or its Hub id (publishing). `tokenizer_added`: a conversion without a tokenizer,
+    published with one put in the folder since (`scripts/convert_vocab.py`, or the user's)."""
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag="text-generation",
@@ -562,10 +564,11 @@ def card_for_conversion(
         code_files=code_list(code_files),
         repo_id=repo_id,
         repo_id_comment="  # this folder, or its Hub repo id" if local else "",
-        has_tokenizer=record.get("tokenizer") is not None,
+        has_tokenizer=record.get("tokenizer") is not None or tokenizer_added,
         conversion={
             "memory_init": config.get("memory_init"),
             "verification": record.get("verification"),
             "tokenizer_note": record.get("tokenizer"),
+            "tokenizer_added": tokenizer_added and record.get("tokenizer") is None,
         },
     )

@@ -1167,6 +1167,15 @@ def _refuse_offloaded_adaptive_modules(loaded: nn.Module | tuple) -> nn.Module |
     return loaded
 
 
+def input_vocab_size(model: nn.Module) -> int:
+    """`model.input_vocab_size()`, also for a model of older code (a model folder's remote code) without it: its
+    input embedding's own count of token ids, else `config.vocab_size`."""
+    embedding = model.get_input_embeddings()
+    bounds = getattr(embedding, "bounds", None)  # (a TxlAdaptiveEmbedding's; else an nn.Embedding's count)
+    count = bounds[-1] if bounds else getattr(embedding, "num_embeddings", None)
+    return count if isinstance(count, int) else model.config.vocab_size
+
+
 class TxlPreTrainedModel(PreTrainedModel):
     config_class = TxlConfig
     base_model_prefix = "transformer"
@@ -1196,6 +1205,11 @@ class TxlPreTrainedModel(PreTrainedModel):
         embedding has none, or one whose output lacks the sqrt(d_model) scale). Not a sub-module of its own: the
         state dict and the module tree are unchanged."""
         return self.base_model
+
+    def input_vocab_size(self) -> int:
+        """The token ids the input embedding takes, `[0, n)`: its own count, not `config.vocab_size`, which a config
+        shared with a model resized since (`Cls(model.config)`, then `resize_token_embeddings`) no longer says."""
+        return input_vocab_size(self)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -1544,7 +1558,7 @@ class TxlModel(TxlPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if input_ids is not None:
-            check_input_ids(input_ids, self.config.vocab_size)
+            check_input_ids(input_ids, self.input_vocab_size())
             inputs_embeds = self.word_embeddings(input_ids)  # [B, Q, E]
         else:
             check_inputs_embeds(inputs_embeds, self.config.d_model, self.dtype)
@@ -1906,7 +1920,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
         # All-zero token types (a BERT-like tokenizer's) are taken, as GPT-2's generate() takes them; nothing reads
         # them after this check, and generate() would refuse them as a keyword its forward does not name.
-        check_token_type_ids(kwargs.pop("token_type_ids", None))
+        check_token_type_ids(
+            kwargs.pop("token_type_ids", None), None if prompt is None else getattr(prompt, "shape", None)
+        )
         if prompt is not None:
             check_prompt(prompt, self.adaptive_softmax.bounds[-1], kwargs.get("attention_mask"))
         generation_config = (args[0] if args else kwargs.get("generation_config")) or self.generation_config

@@ -122,8 +122,8 @@ PRESETS: dict[str, Preset] = {
             "lr": 2.5e-4,
             "steps": 400000,
             "warmup_steps": 0,
-            # The original code's evaluation of this model (pytorch/run_enwik8_base.sh; its 3,800 / 1,000 are the
-            # 24-layer model's)
+            # The original code's evaluation of this model (pytorch/run_enwik8_base.sh); 3,800 / 1,000, the values
+            # here before, are those of its 24-layer model
             "eval_tgt_len": 80,
             "eval_mem_len": 2100,
             "eval_clamp_len": 820,

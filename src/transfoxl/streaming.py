@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
 from .checks_txl import is_integer, require_integer, token_id_outside
-from .modeling_txl import TxlForCausalLM, TxlMemory
+from .modeling_txl import TxlForCausalLM, TxlMemory, input_vocab_size
 
 
 class TxlStream:
@@ -127,7 +127,8 @@ class TxlStream:
         # (use_cache=True whatever the generation config says: without the memory, the stream would lose the tokens)
         generate_kwargs["use_cache"] = True
         if streamer is not None:
-            shown = torch.cat(prompt_chunks, dim=1) if prompt_chunks else self.pending[:, :0]
+            # (on the CPU, as generate() tells a streamer its prompt: a streamer may call .numpy())
+            shown = (torch.cat(prompt_chunks, dim=1) if prompt_chunks else self.pending[:, :0]).cpu()
             generate_kwargs["streamer"] = _PromptShownAs(streamer, shown)
         in_place = generate_kwargs.get("num_beams", getattr(settings, "num_beams", 1) or 1) == 1
         # Beam search leaves the memory holding its running beams, so it works on a copy and the stream then feeds
@@ -228,7 +229,7 @@ class TxlStream:
         if chunk.is_floating_point() or chunk.is_complex() or chunk.dtype == torch.bool:
             raise ValueError(f"TxlStream.feed: token ids must be integers, got dtype {chunk.dtype}.")
         # Checked here, before anything is kept: a bad id found later, in a forward, would leave it pending for good.
-        vocab_size = self.model.config.vocab_size
+        vocab_size = input_vocab_size(self.model)
         if chunk.numel() > 0:
             bad = token_id_outside(chunk, vocab_size)
             if bad is not None:

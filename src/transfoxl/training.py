@@ -48,6 +48,7 @@ import importlib.util
 import io
 import math
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -73,6 +74,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
 
 from . import __version__
+from .checkpoints import torch_load_problem
 from .configuration_txl import TxlConfig
 from .data import (
     UNKNOWN_SHARE_WARNING,
@@ -294,13 +296,15 @@ def other_ids_than_the_models(args: argparse.Namespace, tokenizer: PreTrainedTok
     except (OSError, ValueError):
         return None
     given = tokenizer.get_vocab()
-    moved = sum(own.get(token) != index for token, index in given.items())
-    if moved == 0:
+    moved = sum(own.get(token) not in (index, None) for token, index in given.items())
+    new = sum(token not in own for token in given)
+    if moved == 0 and new == 0:
         return None
+    parts = [f"gives {moved} of its {len(given)} tokens other ids than the model's own tokenizer ({source}) does"]
+    parts += [f"has {new} tokens the model's own lacks"] if new else []
     return (
-        f"note: --tokenizer {args.tokenizer} gives {moved} of its {len(given)} tokens other ids than the model's own "
-        f"tokenizer ({source}) does: the model's embedding of each such id was learned for another token. Leave "
-        "--tokenizer out to fine-tune with the model's own."
+        f"note: --tokenizer {args.tokenizer} {' and '.join(parts)}: the model's embedding of each such id was learned "
+        "for another token, or none. Leave --tokenizer out to fine-tune with the model's own."
     )
 
 
@@ -587,6 +591,23 @@ def save_memories(memories: Sequence[TxlMemory], path: Path) -> None:
         if all(part is not None for part in parts):
             tensors[f"layer.{index}"] = torch.cat(parts).contiguous().cpu()
     save_file(tensors, path)
+
+
+def check_checkpoint_objects(folder: Path) -> None:
+    """Refuse a checkpoint whose registered objects' files (`custom_checkpoint_<i>.pkl`: the scheduler's state) hold
+    more than a weights-only load accepts: accelerate reads them with `weights_only=False` (its other files with
+    True), which would run any code a file from elsewhere carries. What this package writes there is numbers only."""
+    for path in sorted(folder.glob("custom_checkpoint_*.pkl")):
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # (any: a file that fails here is not read by accelerate either)
+            problem = torch_load_problem(error)
+            what = "it holds more than numbers (it could run code on loading; nothing in it was run)"
+            raise SystemExit(
+                f"--resume: {path} is not resumed from: {what if problem.refused else problem.text}. This package "
+                "writes the scheduler's numbers there; resume checkpoints you trust, or move this one away to resume "
+                "from the one before."
+            ) from None
 
 
 def load_memories(
@@ -888,7 +909,15 @@ class Trainer:
                     f"--resume {run.path}: the training data is not the run's: {error} Resume with the run's own "
                     "--train-file / --dataset-name and tokenizer, or train a new run in another --output-dir."
                 ) from None
-            accelerator.load_state(str(latest))
+            check_checkpoint_objects(latest)
+            try:
+                accelerator.load_state(str(latest))
+            except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+                problem = torch_load_problem(error).text
+                raise SystemExit(
+                    f"--resume: the checkpoint {latest} could not be read ({problem}): a damaged file? Move that "
+                    "folder away to resume from the checkpoint before it."
+                ) from None
             load_memories(self.memories, latest, self.rank, self.batcher.local_batch_size, accelerator.device)
             self.progress = TrainingProgress.from_trainer_state(trainer_state)
             accelerator.print(f"resumed from {latest} (step {self.progress.step} of {args.steps})")
@@ -932,7 +961,8 @@ class Trainer:
         groups, processes = self.args.grad_accum, self.world_size
         if groups == 1 and processes == 1:
             return ""
-        parts = [f"{self.args.batch_size // (groups * processes)} columns"]
+        columns = self.args.batch_size // (groups * processes)
+        parts = [f"{columns} column{'s' if columns > 1 else ''}"]
         parts += [f"{groups} accumulated groups"] if groups > 1 else []
         parts += [f"{processes} processes"] if processes > 1 else []
         return f" ({' x '.join(parts)})"

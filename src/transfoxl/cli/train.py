@@ -307,9 +307,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         take_the_runs_options(parser, args, argv)
         check_data_sources(parser, args)
     if args.report_to == "tensorboard" and not training.tensorboard_installed():  # (accelerate would only warn)
+        whose = "" if "report_to" in options_given(argv) else f" (the run's own, from its {TRAIN_ARGS})"
         parser.error(
-            "--report-to tensorboard: tensorboard is not installed (pip install -e '.[tensorboard]'); --report-to "
-            "auto uses it when it is, none writes no curves"
+            f"--report-to tensorboard{whose}: tensorboard is not installed (pip install tensorboard); --report-to "
+            "none trains without the curves' logs, auto uses tensorboard where it is installed"
         )
     return args
 
@@ -320,16 +321,14 @@ def take_the_runs_options(
     """`--resume`: the options not on the command line are the run's own (its train_args.json), so that
     `--output-dir R --resume` continues R as it was started. Those given are kept and compared with the run's when it
     resumes (`training.check_resumable`: the ones that change the training must be the same)."""
-    probe = build_parser()  # the same options, none with a default: what it returns is what was given
-    for action in probe._actions:
-        action.default = argparse.SUPPRESS
-    given = set(vars(probe.parse_args(argv)))
+    given = options_given(argv)
     train_args = Path(args.output_dir) / TRAIN_ARGS
     if not train_args.is_file():
-        if not given - {"output_dir", "resume", "progress"}:
+        if not given & RUN_DEFINING_OPTIONS:
             # (a mistyped folder would otherwise start the default run, on other data, where the user expects theirs)
             parser.error(
-                f"--resume: {args.output_dir} holds no run (no {TRAIN_ARGS}) and no other option says what to train: "
+                f"--resume: {args.output_dir} holds no run (no {TRAIN_ARGS}), and no option says what a new one there "
+                "would train (--train-file, --dataset-name, --preset, --config, --model-name-or-path, --tokenizer): "
                 "give the folder of a run started by train.py, or drop --resume to start a new run there"
             )
         return  # no run there yet, but its options given: a new one starts (training.open_run_folder says so)
@@ -341,6 +340,18 @@ def take_the_runs_options(
     for key, value in saved.items():
         if key not in given and hasattr(args, key):
             setattr(args, key, value)
+
+
+# What says which run a new one is: its data, model and tokenizer (not its logging, seed or checkpoint options).
+RUN_DEFINING_OPTIONS = {"train_file", "dataset_name", "preset", "config", "model_name_or_path", "tokenizer"}
+
+
+def options_given(argv: Sequence[str] | None) -> set[str]:
+    """The options on the command line (their dests), defaults aside."""
+    probe = build_parser()  # the same options, none with a default: what it returns is what was given
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(probe.parse_args(argv)))
 
 
 def check_data_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -209,9 +209,11 @@ def wikitext_pre_tokenizer(
 def wikitext_decoder(eos_token: str | None = DEFAULT_EOS_TOKEN) -> decoders.Decoder:
     """Words joined by spaces; ` @-@ ` -> `-`, ` @,@ ` -> `,`, ` @.@ ` -> `.`; `<eos>` (unless skipped) -> newline."""
     steps: list[decoders.Decoder] = [decoders.Replace(Regex("^"), " "), decoders.Fuse()]
-    steps += [decoders.Replace(f" {separator} ", plain) for separator, plain in WIKITEXT_SEPARATORS.items()]
+    # Line ends first: a separator's replacement takes the space on each side, that before `<eos>` too (`a @-@ <eos>`
+    # came back as `a-<eos>`, where the text was `a @-@` and a newline).
     if eos_token is not None:
         steps += [decoders.Replace(f" {eos_token}", "\n"), decoders.Replace("\n ", "\n")]
+    steps += [decoders.Replace(f" {separator} ", plain) for separator, plain in WIKITEXT_SEPARATORS.items()]
     steps.append(decoders.Strip(" ", 1, 0))
     return decoders.Sequence(steps)
 
@@ -592,26 +594,25 @@ def train_char_level(
     """Train a character-level tokenizer: every character (space and newline included) is one token.
 
     Vocabulary: `unk_token`, `eos_token`, then characters by decreasing count (at most `max_size`, each seen at least
-    `min_freq` times), the newline in any case: texts that hold none are lines read by `datasets`, which come
-    without theirs, so it is counted once per text (its place among the frequent characters matters to an adaptive
-    softmax, whose clusters are ranges of ids).
+    `min_freq` times) and the newline in any case, at its place by count: a text that does not end with one is a line
+    read without it (a `datasets` text column), which the stream ends with one (`data.tokenize_corpus`), so one is
+    counted for it. (Its place matters to an adaptive softmax, whose clusters are ranges of ids.)
     `decode(encode(text)) == text` for any text made of known characters; unknown characters map
     to `unk_token`. No token is added automatically: append `eos_token_id` yourself where a document ends.
     """
     counter: Counter[str] = Counter()
-    done = 0
+    unended = 0  # texts without a final newline
     for done, text in enumerate(texts, start=1):
         if not isinstance(text, str):
             raise TypeError(f"texts: expected strings, found {type(text).__name__}")
         counter.update(text)
+        unended += not text.endswith("\n")
         if progress is not None:
             progress(done)
-    if "\n" not in counter:  # (lines without their newline: one ends each in the stream)
-        counter["\n"] = done
+    newlines = counter.pop("\n", 0) + unended
     specials = [token for token in (unk_token, eos_token) if token]
     chars = [char for char, count in counter.most_common(max_size) if count >= min_freq and char not in specials]
-    if "\n" not in chars:  # lines from a `datasets` text column carry no newline, but the stream needs one
-        chars.append("\n")
+    chars.insert(sum(counter[char] >= newlines for char in chars), "\n")  # (after the characters as frequent)
     vocab = {token: idx for idx, token in enumerate([*specials, *chars])}
     # BPE without merges over single characters: one token per character, and no pre-tokenizer so whitespace stays.
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk_token))
