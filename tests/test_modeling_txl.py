@@ -689,6 +689,10 @@ def test_token_types_of_one_segment_are_taken_and_a_second_type_is_refused():
         model.generate(tokens, token_type_ids=torch.ones_like(tokens), **greedy)
     with pytest.raises(ValueError, match=r"token_type_ids of shape \[1, 2\] do not go with the input ids of shape"):
         model.generate(tokens, token_type_ids=torch.zeros(1, 2, dtype=torch.long), **greedy)
+    with pytest.raises(
+        ValueError, match=r"token_type_ids of shape \[2, 3\] do not go with the input ids of shape \[2, 5\]"
+    ):
+        model(tokens, token_type_ids=torch.zeros(2, 3, dtype=torch.long))  # (GPT-2 fails on them too)
 
 
 def test_a_model_reads_its_vocabulary_from_its_own_modules_not_a_shared_config():

@@ -407,13 +407,16 @@ def check_token_type_ids(token_types: object, ids_shape: tuple | None = None) ->
         )
 
 
-def reject_unknown_arguments(kwargs: dict) -> None:
-    """A misspelt or v4-only argument must not be dropped silently (v4's `mems=` would lose the memory)."""
+def reject_unknown_arguments(kwargs: dict, input_ids: Any = None, inputs_embeds: Any = None) -> None:
+    """A misspelt or v4-only argument must not be dropped silently (v4's `mems=` would lose the memory). The inputs:
+    for the shape of the token types (all 0) taken alongside."""
     if "mems" in kwargs:
         raise TypeError(
             "`mems` is transformers v4's name: pass the memory as past_key_values=TxlMemory (convert a v4 list of "
             "[mem_len, batch, d_model] tensors with TxlMemory.from_legacy(mems))."
         )
-    check_token_type_ids(kwargs.pop("token_type_ids", None))
+    inputs = input_ids if input_ids is not None else inputs_embeds
+    shape = getattr(inputs, "shape", None)
+    check_token_type_ids(kwargs.pop("token_type_ids", None), None if shape is None else tuple(shape)[:2])
     if kwargs:
         raise TypeError(f"Unexpected arguments for a Transformer-XL forward: {sorted(kwargs)}.")

@@ -1547,7 +1547,7 @@ class TxlModel(TxlPreTrainedModel):
                 `packed_sequences_mask`). Positions that run on (`arange`) change nothing: they are relative here.
         """
         take_sequence_bounds(kwargs, position_ids)
-        reject_unknown_arguments(kwargs)
+        reject_unknown_arguments(kwargs, input_ids, inputs_embeds)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -1746,7 +1746,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         shift_labels = kwargs.pop("shift_labels", None)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         take_sequence_bounds(kwargs, position_ids)
-        reject_unknown_arguments(kwargs)
+        reject_unknown_arguments(kwargs, input_ids, inputs_embeds)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and shift_labels is not None:
             raise ValueError("Pass either labels (shifted inside) or shift_labels (pre-aligned), not both.")
@@ -1998,7 +1998,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
                 Accepted and not used, as in transformers' classification heads: the loss is a mean over the batch.
         """
         kwargs.pop("num_items_in_batch", None)
-        reject_unknown_arguments(kwargs)
+        reject_unknown_arguments(kwargs, input_ids, inputs_embeds)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
             input_ids=input_ids,
