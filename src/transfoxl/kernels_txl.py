@@ -1,8 +1,9 @@
-"""Hand-written CPU training kernels for Transformer-XL, the fast paths beside the readable ones of `modeling_txl.py`.
+"""Hand-written kernels for Transformer-XL, the fast paths beside the readable ones of `modeling_txl.py`: training's on
+a CPU, inference's attention and one-row products on a CPU, and the dropout on any device.
 
-On a CPU, float32 training spends its time in a few places where autograd's generic code is slow or keeps more than
-it needs; each function here computes exactly what its readable counterpart in `modeling_txl.py` computes (tests
-compare values and gradients), and `modeling_txl.py` decides where each one applies:
+Where autograd's generic code is slow or keeps more than it needs, each function here computes exactly what its
+readable counterpart in `modeling_txl.py` computes (tests compare values and gradients), and `modeling_txl.py`
+decides where each one applies:
 
 - `relative_attention`: softmax(q_c k^T s + shift(q_p (W_{k,R} R)^T) + mask) v with one saved `[H B, Q, K]` tensor.
   A bias that needs a gradient sends CPU SDPA to its unfused fallback (it masks twice and guards the softmax against
@@ -15,9 +16,13 @@ compare values and gradients), and `modeling_txl.py` decides where each one appl
   in place in the logits' buffer (no `[N, n_i]` log-probabilities kept).
 - `memory_linear`: the keys and values of [memory; segment] whose backward skips the memory rows' input gradient,
   which the stop-gradient would drop anyway.
+- Inference: `relative_attention_by_query_blocks` (a long segment a block of queries at a time), `one_query_attention`
+  (a decoded token), their compiled forms (`compiled_relative_attention`, `compiled_one_query_attention`, also
+  training's forward: `compiled_relative_attention_training`) and `one_row_linear` (a linear layer for one row).
 
-Tensors only: nothing here knows the model's modules or config, and this file imports torch alone, so
-`save_pretrained` copies it into a model folder beside `modeling_txl.py` for `trust_remote_code=True`.
+Tensors only: nothing here knows the model's modules or config. It imports torch and the package's tensor-level
+modules (`checks_txl`, `cpp_kernels_txl`), relatively, so `save_pretrained` copies it with them into a model folder
+beside `modeling_txl.py` for `trust_remote_code=True`.
 
 Shapes: B batch, H heads, Q queries (segment), K keys (memory + segment), D head width, N rows (tokens), E width.
 """

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 logger = logging.get_logger(__name__)
 
 
+_NOT_KEYS_AND_VALUES = (
+    "TxlMemory holds the hidden states that entered each layer, not keys and values, so a key/value cache's "
+    "update(key_states, value_states, layer_idx) does not apply (nothing was changed). The model's forward with "
+    "use_cache=True updates the memory; memory.layers[i].update(hidden_states) appends one layer's input [B, Q, E]."
+)
+
+
 class SlidingWindow:
     """The last `max_len` entries of a sequence that grows along dimension `dim`, stored with room to append.
 
@@ -232,10 +239,12 @@ class TxlMemoryLayer(CacheLayerMixin):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def update(self, hidden_states: torch.Tensor, *args, private: bool = False, **kwargs) -> torch.Tensor | None:
+    def update(self, hidden_states: torch.Tensor, *key_value_arguments, private: bool = False) -> torch.Tensor | None:
         """Append this layer's input for a segment, `[B, Q, E]`; keep the last `mem_len` positions. `private`: the
         model made `hidden_states` and hands it to no one else, so it may be kept without a copy
-        (`SlidingWindow.extend`)."""
+        (`SlidingWindow.extend`). A key/value cache's `update(keys, values, ...)` is refused, changing nothing."""
+        if key_value_arguments:
+            raise TypeError(_NOT_KEYS_AND_VALUES)
         if not self.is_initialized:
             self.lazy_initialization(hidden_states)
         if self.mem_len > 0:
@@ -416,6 +425,12 @@ class TxlMemory(Cache):
         self.seen_tokens: int | None = 0
         self._input_is_new = False  # see `input_is_new`
 
+    def update(self, *arguments, **keywords) -> None:
+        """Refused, changing nothing: transformers' `Cache.update(key_states, value_states, layer_idx)` appends keys
+        and values, which this memory does not hold. The model's forward (`use_cache=True`) updates it; one layer's
+        input is appended with `memory.layers[i].update(hidden_states)`."""
+        raise TypeError(_NOT_KEYS_AND_VALUES)
+
     @classmethod
     def from_config(cls, config: TxlConfig, mem_len: int | None = None) -> TxlMemory:
         """An empty memory for `config`'s layers, `mem_len` positions long (default: `config.mem_len`)."""
@@ -525,7 +540,7 @@ class TxlMemory(Cache):
     def tokens_already_seen(self, input_ids: torch.Tensor) -> int:
         """How many leading tokens of `input_ids` `[B, L]` this memory has already run through the model.
 
-        transformers' continuation idiom, `generate(out.sequences, past_key_values=out.past_key_values)`, passes the
+        transformers' continuation idiom, `generate(out.sequences, past_key_values=out.cache)`, passes the
         whole sequence again, while this package's convention is to pass only tokens that are new to the memory.
         The two are told apart by the ids: when `input_ids` is longer than the `seen_tokens` of the stream and its
         tokens just before position `seen_tokens` are the ones the memory holds (all of them while the stream is

@@ -24,12 +24,13 @@ Paper objects and their names here (original code / transformers v4 names in bra
 
     the memory (Sec. 3.2)                  -> TxlMemory, in memory_txl.py          [mems]
 
-Beside this file: `fast_paths_txl.py` (what lets a decoded token skip module calls and per-token checks: bare
-modules, weight identities, the decoding plans) and, with tensor-only interfaces, `memory_txl.py` (the memory, a
-transformers `Cache`), `kernels_txl.py` (the hand-written CPU kernels, each equal to its readable counterpart here),
-`cpp_kernels_txl.py` (inference attention in C++, compiled on first use) and `checks_txl.py` (the argument checks of
-every entry point). They import only torch, transformers and each other, relatively, so `save_pretrained` copies
-them all into a model folder for `trust_remote_code=True`. docs/architecture.md maps the whole package.
+Beside this file: `fast_paths_txl.py` (what lets a decoded token skip module calls and per-token checks: bare modules,
+weight identities, the decoding plans) and, with tensor-only interfaces, `memory_txl.py` (the memory, a transformers
+`Cache`), `kernels_txl.py` (the hand-written CPU kernels, each equal to its readable counterpart here),
+`cpp_kernels_txl.py` (the C++ kernels, compiled on first use: attention, decoding's layers and softmax, dropout) and
+`checks_txl.py` (the argument checks of every entry point). They import only torch, transformers and each other,
+relatively, so `save_pretrained` copies them all into a model folder for `trust_remote_code=True`. docs/architecture.md
+maps the whole package.
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ from .checks_txl import (
     require_integer,
     sequence_breaks,
     take_sequence_bounds,
-    token_id_outside,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .cpp_kernels_txl import compiled_operators
@@ -546,7 +546,8 @@ class TxlRelativeAttention(nn.Module):
         # Training after post-LN: the memory is a stop-gradient, so the keys and values of [memory; segment] come
         # from `memory_linear`, whose backward skips the memory rows' input gradient (autograd would compute it and
         # drop it at the concatenation); it concatenates them itself. Not on the eager path, the readable reference,
-        # which keeps every operation differentiable twice (a gradient penalty, Hessian-vector products).
+        # whose attention is differentiable twice (a gradient penalty, Hessian-vector products; the model as a whole
+        # only with dropout 0: the dropout kernels' backward is once-differentiable).
         sliced = (
             not kept and hidden_memory is not None and hidden_memory.shape[1] > 0 and _is_plain_linear(self.qkv_proj)
         )
@@ -1195,7 +1196,8 @@ class TxlPreTrainedModel(PreTrainedModel):
         looks for its attention-function registry, which these two paths do not use.)"""
         return True
 
-    # v4 stored the sinusoid's frequencies as a buffer; they are recomputed here.
+    # v4 stored the sinusoid's frequencies as a buffer (recomputed here), and its `.bin` files of untie_r=False
+    # models hold the shared u and v again under every layer (the same tensors, as the layers referenced them).
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
 
     @property
@@ -1213,8 +1215,8 @@ class TxlPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        # Legacy `.bin` checkpoints are pickles: only ever read them with torch's restricted (weights-only) loader.
         _check_device_map(kwargs.get("device_map"), "" if issubclass(cls, TxlModel) else "transformer.")
+        # Legacy `.bin` checkpoints are pickles: only ever read them with torch's restricted (weights-only) loader.
         if kwargs.get("weights_only") is False:
             raise ValueError(
                 "weights_only=False is refused: a pickled checkpoint could run arbitrary code. Checkpoints load "
@@ -1628,12 +1630,13 @@ class TxlModel(TxlPreTrainedModel):
                 layer_inputs[-1], layer_memory, positions, mask, content_bias, position_bias, output_attentions
             )
             attentions.append(attn_weights)
-            if use_cache and keep_projections:  # after the layer has read its memory; outside it for checkpointing
+            if keep_projections:  # after the layer has read its memory; outside it for checkpointing
                 memory_layer.update(layer_inputs[-1])
         if use_cache and not keep_projections:
-            # Training: after the last layer, as a copy made between a layer's activations outlives them and splits
-            # the space they free (peak RSS, docs/performance.md). Layer inputs the model made and returns to no one
-            # may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input without dropout).
+            # Train mode or gradients on: after the last layer, as a copy made between a layer's activations outlives
+            # them and splits the space they free (peak RSS, docs/performance.md). Layer inputs the model made and
+            # returns to no one may be kept without a copy: not the caller's `inputs_embeds` (the first layer's input
+            # without dropout).
             callers = None if input_ids is not None else inputs_embeds
             for memory_layer, layer_input in zip(memory_layers, layer_inputs):
                 memory_layer.drop_projections()
@@ -1833,8 +1836,9 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         return losses.sum() / (targets != -100).sum()
 
     # generate() support: the memory replaces the KV cache. Conventions (see README, "Generation with memories"):
-    # input_ids holds only tokens that are not in the memory yet; the memory passed in is updated in place and, after
-    # generate() returns, holds everything except the last generated token.
+    # input_ids holds tokens new to the memory, or repeats those it has seen first (transformers' continuation idiom,
+    # told apart by `TxlMemory.tokens_already_seen`); the memory passed in is updated in place and, after generate()
+    # returns, holds everything except the last generated token.
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         if model_kwargs.get(_CACHE_KWARG) is None and generation_config.use_cache is not False:
             model_kwargs[_CACHE_KWARG] = self.transformer.empty_memory()
@@ -2107,9 +2111,10 @@ __all__ = [
     "TxlModel",
     "TxlPreTrainedModel",
     "causal_memory_mask",
+    "eager_relative_attention",
     "is_txl_memory",
     "relative_shift",
+    "sdpa_relative_attention",
     "shifted_position_scores",
     "sinusoid_positions",
-    "token_id_outside",
 ]

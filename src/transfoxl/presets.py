@@ -48,7 +48,7 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "char-small": Preset(
-        "4 layers of width 128, character level: the default, about 3 minutes of training on 2 CPU cores",
+        "4 layers of width 128, character level: the default, a few minutes of training on 2 CPU cores",
         model={
             **_SMALL_MODEL,
             "n_layer": 4,

@@ -84,14 +84,14 @@ from .data import (
     tokenize_corpus,
     unknown_share,
 )
-from .evaluation import StreamEvaluation, evaluate_stream, is_character_level
+from .evaluation import StreamEvaluation, bits, evaluate_stream, is_character_level, perplexity
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
 from .hub import loading_failure
 from .modeling_txl import TxlForCausalLM, TxlMemory
 from .presets import PRESETS, config_from_preset
 from .runs import RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
 from .streaming import TxlStream
-from .tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
+from .tokenization.tokenization_txl import TOKENIZER_KINDS, train_tokenizer
 
 __all__ = [
     "FREE_ON_RESUME",
@@ -138,8 +138,6 @@ SUPPORTED_DISTRIBUTED_TYPES = {DistributedType.NO, DistributedType.MULTI_CPU, Di
 WRAPPER_PREFIX = re.compile(r"^(?:(?:module|_orig_mod)\.)+")
 SAMPLE_TOP_K = 10
 SAMPLE_TEMPERATURE = 0.8
-TOKENIZER_KINDS = ("char", "word", "bpe")  # --tokenizer: trained on the training split
-BPE_VOCAB_SIZE = 8000  # --tokenizer bpe without --vocab-size
 
 # See the module docstring: empty unless a tool adds a hook.
 event_hooks: list[Callable[[str, int], None]] = []
@@ -261,14 +259,11 @@ def discarded_if_stopped(run: RunFolder, state: PartialState) -> Iterator[None]:
 
 def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTokenizerBase:
     """Train a char / word / byte-level BPE tokenizer on the training lines, or load a saved one."""
-    if args.tokenizer == "char":
-        return train_char_level(train_lines, min_freq=args.min_freq, max_size=args.vocab_size)
-    if args.tokenizer == "word":
-        return train_word_level(
-            train_lines, min_freq=args.min_freq, max_size=args.vocab_size, lower_case=args.lower_case
+    if args.tokenizer in TOKENIZER_KINDS:  # (--min-freq, default 1, is for char and word: bpe keeps its own)
+        min_freq = None if args.tokenizer == "bpe" else args.min_freq
+        return train_tokenizer(
+            args.tokenizer, train_lines, vocab_size=args.vocab_size, min_freq=min_freq, lower_case=args.lower_case
         )
-    if args.tokenizer == "bpe":
-        return train_byte_level_bpe(train_lines, vocab_size=args.vocab_size or BPE_VOCAB_SIZE)
     try:
         return AutoTokenizer.from_pretrained(args.tokenizer)
     except (OSError, ValueError) as failure:
@@ -516,7 +511,7 @@ def build_optimizer(model: TxlForCausalLM, args: argparse.Namespace) -> torch.op
     """AdamW; weight decay on matrices only (not on biases, norms, u / v biases or cluster biases).
 
     torch's fused implementation (one kernel over every parameter; CPU, CUDA, MPS and XPU): the default one loops over
-    the parameters with several passes each, 3-5x slower on a CPU (docs/performance.md)."""
+    the parameters with several passes each, several times slower on a CPU (docs/performance.md has the figures)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -762,9 +757,7 @@ def all_finite(tensors: Any) -> bool:
 
 def headline(loss: float, unit: str) -> float:
     """A mean loss in nats as the run's unit: bits per character ("bpc") or perplexity ("ppl")."""
-    if unit == "bpc":
-        return loss / math.log(2)
-    return math.exp(loss) if loss < 700 else math.inf
+    return bits(loss) if unit == "bpc" else perplexity(loss)
 
 
 def plot_curves(history: dict[str, list[dict[str, float]]], unit: str) -> bytes:

@@ -5,7 +5,7 @@
     transfoxl.cli.train_tokenizer   python scripts/train_tokenizer.py  over transfoxl.tokenization
     transfoxl.cli.publish           python scripts/publish.py          over transfoxl.hub and transfoxl.runs
     transfoxl.cli.convert           python scripts/convert.py          over transfoxl.conversion
-    transfoxl.cli.convert_vocab     python scripts/convert_vocab.py    over transfoxl.tokenization
+    transfoxl.cli.convert_vocab     python scripts/convert_vocab.py    over transfoxl.conversion (tokenization)
 
 Each module has `main(argv=None) -> int` (the console entry points `txl-train`, `txl-evaluate`, ... call it) and
 builds its parser in `build_parser()`; the scripts are shims that call `main`. Training and evaluation need the

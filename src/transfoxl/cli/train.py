@@ -45,10 +45,10 @@ from ..files import folder_problem
 from ..hub import loading_failure
 from ..presets import PRESETS
 from ..runs import TRAIN_ARGS, RunFolderError, complete_checkpoints, read_json_object
+from ..tokenization import BPE_MIN_VOCAB_SIZE, TOKENIZER_KINDS
 from .options import add_corpus_options, library_progress_bars, name_argument, path_argument, program_name
 
 DEFAULT_PRESET = "char-small"
-TOKENIZER_KINDS = training.TOKENIZER_KINDS
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup", "inverse_sqrt")
 # Keys of transformers-v4 / original-code configs without a TxlConfig field of that name (legacy options TxlConfig
 # reads, generic transformers keys): never taken for a misspelt field.
@@ -532,9 +532,6 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.resume and args.output_dir is None:
         parser.error("--resume needs the --output-dir of the run to continue")
 
-
-# A byte-level BPE's smallest vocabulary: its 256 bytes and build_tokenizer's specials (<eos>, <pad>).
-BPE_MIN_VOCAB_SIZE = 256 + 2
 
 # The tokenizer kinds each training option of a tokenizer applies to (transfoxl.training.build_tokenizer).
 TOKENIZER_OPTION_KINDS = {"lower_case": ("word",), "min_freq": ("word", "char"), "vocab_size": TOKENIZER_KINDS}

@@ -24,10 +24,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..files import folder_problem
-from ..tokenization import save_atomically, train_byte_level_bpe, train_char_level, train_word_level
+from ..tokenization import BPE_MIN_VOCAB_SIZE, TOKENIZER_KINDS, save_atomically, train_tokenizer
 from .options import path_argument, program_name
-
-BPE_MIN_VOCAB = 256 + 2  # byte-level BPE: the 256 byte symbols and its two special tokens (<eos>, <pad>)
 
 
 def read_text_file(path: Path) -> Iterator[str]:
@@ -83,7 +81,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         what = "is a folder, not a file" if args.text_file.is_dir() else "no such file"
         parser.error(f"--text-file {args.text_file}: {what}")
     if args.vocab_size is not None:
-        least = BPE_MIN_VOCAB if args.kind == "bpe" else 1
+        least = BPE_MIN_VOCAB_SIZE if args.kind == "bpe" else 1
         if args.vocab_size < least:
             reason = " (256 byte symbols + <eos> + <pad>)" if args.kind == "bpe" else ""
             parser.error(f"--vocab-size must be >= {least} for --kind {args.kind}{reason}, got {args.vocab_size}")
@@ -100,28 +98,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         )
 
 
-def train(kind: str, lines: Iterable[str], *, vocab_size: int | None, min_freq: int | None, lower_case: bool):
-    """Train a tokenizer of `kind` ("word", "char" or "bpe") on `lines` (each a line of text, newline optional)."""
-    if kind == "word":
-        # Rows may or may not end in a newline: each row is one line of the corpus.
-        rows = (line[:-1] if line.endswith("\n") else line for line in lines)
-        return train_word_level(rows, min_freq=min_freq or 1, max_size=vocab_size, lower_case=lower_case)
-    if kind == "char":
-        # Character level keeps newlines as tokens: rows without one (datasets) get it back.
-        rows = (line if line.endswith("\n") else line + "\n" for line in lines)
-        return train_char_level(rows, min_freq=min_freq or 1, max_size=vocab_size)
-    if kind == "bpe":
-        return train_byte_level_bpe(lines, vocab_size=vocab_size or 8000, min_freq=min_freq or 2)
-    raise ValueError(f"--kind {kind!r}: expected word, char or bpe")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name("train_tokenizer.py"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--kind", choices=("word", "char", "bpe"), required=True)
+    parser.add_argument("--kind", choices=TOKENIZER_KINDS, required=True)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text-file", type=path_argument, help="a UTF-8 text file, one line of the corpus per line")
     source.add_argument("--dataset", help="a `datasets` name or local path (with --config, --split, --text-column)")
@@ -156,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lines, total = read_dataset(args.dataset, args.config, args.split, args.text_column, args.cache_dir)
         counter = TextCounter(lines)
         lines = tqdm(counter, total=total, unit=" lines", desc=f"training {args.kind}", disable=args.no_progress)
-        tokenizer = train(
+        tokenizer = train_tokenizer(
             args.kind, lines, vocab_size=args.vocab_size, min_freq=args.min_freq, lower_case=args.lower_case
         )
     except UnicodeDecodeError as error:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from .legacy_vocab import LegacyVocab, LegacyVocabError, SafeUnpickler, load_legacy_vocab, safe_load_pickle
 from .tokenization_txl import (
+    BPE_MIN_VOCAB_SIZE,
+    BPE_VOCAB_SIZE,
+    TOKENIZER_KINDS,
     WIKITEXT_SEPARATORS,
     TransfoXLTokenizerFast,
     build_word_level_tokenizer,
@@ -16,6 +19,7 @@ from .tokenization_txl import (
     tokenizer_from_legacy_vocab,
     train_byte_level_bpe,
     train_char_level,
+    train_tokenizer,
     train_word_level,
 )
 
@@ -31,6 +35,9 @@ def register_tokenizers() -> None:
 
 
 __all__ = [
+    "BPE_MIN_VOCAB_SIZE",
+    "BPE_VOCAB_SIZE",
+    "TOKENIZER_KINDS",
     "WIKITEXT_SEPARATORS",
     "LegacyVocab",
     "LegacyVocabError",
@@ -44,5 +51,6 @@ __all__ = [
     "tokenizer_from_legacy_vocab",
     "train_byte_level_bpe",
     "train_char_level",
+    "train_tokenizer",
     "train_word_level",
 ]

@@ -67,8 +67,11 @@ from .legacy_vocab import LegacyVocab, LegacyVocabError, find_legacy_vocab_file,
 logger = logging.get_logger(__name__)
 
 __all__ = [
+    "BPE_MIN_VOCAB_SIZE",
+    "BPE_VOCAB_SIZE",
     "DEFAULT_EOS_TOKEN",
     "DEFAULT_UNK_TOKEN",
+    "TOKENIZER_KINDS",
     "WIKITEXT_SEPARATORS",
     "TransfoXLTokenizerFast",
     "build_word_level_tokenizer",
@@ -76,6 +79,7 @@ __all__ = [
     "tokenizer_from_legacy_vocab",
     "train_byte_level_bpe",
     "train_char_level",
+    "train_tokenizer",
     "train_word_level",
     "wikitext_decoder",
     "wikitext_normalizer",
@@ -651,6 +655,37 @@ def train_byte_level_bpe(
     )
     tokenizer.train_from_iterator(_checked(texts), trainer=trainer)
     return _wrap(tokenizer, eos_token=eos_token, pad_token=pad_token)
+
+
+TOKENIZER_KINDS = ("char", "word", "bpe")  # what `train_tokenizer` trains
+BPE_VOCAB_SIZE = 8000  # a byte-level BPE trained by `train_tokenizer` without a vocab_size
+BPE_MIN_VOCAB_SIZE = 256 + 2  # a byte-level BPE's 256 byte symbols and its two special tokens (<eos>, <pad>)
+
+
+def train_tokenizer(
+    kind: str,
+    texts: Iterable[str],
+    *,
+    vocab_size: int | None = None,
+    min_freq: int | None = None,
+    lower_case: bool = False,
+    progress: Any = None,
+) -> PreTrainedTokenizerFast:
+    """Train a tokenizer of `kind` on `texts` (each a line, its newline optional), as the command lines do: "char"
+    (`train_char_level`), "word" (`train_word_level`; `lower_case`) or "bpe" (`train_byte_level_bpe`, of
+    `BPE_VOCAB_SIZE` tokens unless `vocab_size` says). `vocab_size`: bpe, the vocabulary's size (its 256 bytes and
+    specials included); word, char: the most words / characters kept besides the special tokens (and char's
+    newline). `min_freq`: the fewest occurrences a kept token has (None: each kind's default). `progress` (char and
+    word) is called with the lines done."""
+    if kind == "char":
+        return train_char_level(texts, min_freq=min_freq or 1, max_size=vocab_size, progress=progress)
+    if kind == "word":
+        return train_word_level(
+            texts, min_freq=min_freq or 1, max_size=vocab_size, lower_case=lower_case, progress=progress
+        )
+    if kind == "bpe":
+        return train_byte_level_bpe(texts, vocab_size=vocab_size or BPE_VOCAB_SIZE, min_freq=min_freq or 2)
+    raise ValueError(f"kind {kind!r}: expected one of {', '.join(TOKENIZER_KINDS)}")
 
 
 def save_atomically(tokenizer: PreTrainedTokenizerFast, out: str | os.PathLike[str], *, overwrite: bool = False):
