@@ -658,7 +658,7 @@ class TxlFeedForward(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[B, Q, E]` -> `[B, Q, E]`."""
         inputs = _layer_norm(self.layer_norm, hidden_states) if self.pre_lnorm else hidden_states
-        inner = _project(self.up_proj, inputs)  # [B, Q, d_inner]
+        inner = _project(self.up_proj, inputs)  # [B, Q, F]
         if torch.is_grad_enabled() or (self.training and self.dropout.p > 0) or not _is_bare_linear(self.up_proj):
             inner = relu_dropout(inner, self.dropout.p, self.training)
         else:  # inference: the product's own output (no hook holds it) is rectified in place
@@ -920,7 +920,7 @@ class TxlAdaptiveEmbedding(nn.Module):
             rows = ((flat >= low) & (flat < high)).nonzero().squeeze(1)  # positions of this cluster's tokens
             if rows.shape[0] == 0:
                 continue
-            cluster_embeddings = F.linear(table(flat.index_select(0, rows) - low), projection)  # [n, E]
+            cluster_embeddings = F.linear(table(flat.index_select(0, rows) - low), projection)  # [len(rows), E]
             if embeddings is None:
                 embeddings = cluster_embeddings.new_zeros(flat.shape[0], self.d_model)
             embeddings.index_copy_(0, rows, cluster_embeddings)
@@ -1329,7 +1329,7 @@ class TxlPreTrainedModel(PreTrainedModel):
                 f"vocabulary must be larger than {last_cluster_start}."
             )
         embeddings = self.get_input_embeddings()
-        table = embeddings.embeddings[-1]  # [n, d]: the last cluster's, or the whole vocabulary's (div_val 1)
+        table = embeddings.embeddings[-1]  # [n_i, d_i]: the last cluster's, or the whole vocabulary's (div_val 1)
         rows = new_num_tokens - (last_cluster_start if len(embeddings.embeddings) > 1 else 0)
         resized = nn.Embedding(rows, table.embedding_dim, device=table.weight.device, dtype=table.weight.dtype)
         resized.weight.data = self._resized_rows(table.weight.data, rows, mean_resizing)
@@ -1694,7 +1694,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
 
     def _resize_output(self, new_num_tokens: int, rows: int, mean_resizing: bool) -> None:
         softmax = self.adaptive_softmax
-        layer = softmax.output_layers[-1]  # [n, d] and [n]: the last cluster's, or the whole vocabulary's
+        layer = softmax.output_layers[-1]  # [n_i, d_i] and [n_i]: the last cluster's, or the whole vocabulary's
         resized = TxlOutputLayer(layer.in_features, rows).to(device=layer.weight.device, dtype=layer.weight.dtype)
         tied = self.config.tie_word_embeddings
         source = self.transformer.word_embeddings.embeddings[-1].weight
