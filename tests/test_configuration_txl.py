@@ -270,6 +270,12 @@ CONFIG_CASES = [
         "tie-word-embeddings",
     ),
     config_case(
+        "return_logits 'yes'",
+        {"return_logits": "yes"},
+        "`return_logits` must be a bool or None, got 'yes'",
+        "return-logits",
+    ),
+    config_case(
         "tie_projs [True] for 3 clusters",
         {"tie_projs": [True]},
         r"`tie_projs` needs one entry per cluster \(len\(cutoffs\) \+ 1 = 3\)",

@@ -4,9 +4,11 @@ the static-shape loss used under torch.compile, and the compiled model itself.""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
+import torch._dynamo.testing
 import torch.nn.functional as F
 import torch.nn.utils.prune
 
@@ -29,6 +31,7 @@ from transfoxl.kernels_txl import (
 )
 from transfoxl.modeling_txl import (
     TxlDropout,
+    _memory_of,
     causal_memory_mask,
     eager_relative_attention,
     relative_shift,
@@ -1776,3 +1779,53 @@ def test_torch_func_grad_equals_autograd():
     grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ids,), {"labels": ids}).loss)(params)
     for name in expected:
         torch.testing.assert_close(grads[name], expected[name], rtol=1e-4, atol=1e-6)
+
+
+def test_generate_continues_a_memory_through_a_compiled_forward_as_one_longer_call(one_thread):
+    """transformers' continuation idiom, `generate(out.sequences, past_key_values=out.cache)`, tells the memory's
+    tokens from new ones by the count of tokens seen, which a traced forward cannot keep; generate()'s hooks count
+    around it, so a compiled forward continues as the eager model does (it fed the whole sequence again)."""
+    ids = covering_ids(97, batch=2, length=9)
+    model = tiny_lm(mem_len=32).eval()
+    expected = model.generate(ids, max_new_tokens=8, do_sample=False)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    memory = _memory_of(out)
+    assert memory.seen_tokens == ids.shape[1] + 3  # (the last token is not fed yet)
+    more = model.generate(out.sequences, past_key_values=memory, max_new_tokens=4, do_sample=False)
+    torch.testing.assert_close(more, expected, rtol=0, atol=0)
+
+
+def test_generate_warns_when_a_compiled_forward_outside_it_left_the_count_unknown(one_thread, caplog):
+    ids = covering_ids(97, batch=1, length=9)
+    model = tiny_lm(mem_len=32).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        memory = _memory_of(compiled(ids, past_key_values=model.transformer.empty_memory()))
+    assert memory.seen_tokens is None
+    logging.Logger.warning_once.cache_clear()  # (said once per process: another test may have said it)
+    with caplog.at_level("WARNING"):
+        model.generate(ids[:, -2:], past_key_values=memory, max_new_tokens=2, do_sample=False)
+    assert "count of tokens seen is unknown" in caplog.text
+    caplog.clear()
+    logging.Logger.warning_once.cache_clear()
+    with caplog.at_level("WARNING"), memory.input_is_new():
+        model.generate(ids[:, -2:], past_key_values=memory, max_new_tokens=2, do_sample=False)
+    assert "count of tokens seen is unknown" not in caplog.text
+
+
+def test_a_compiled_forward_is_not_compiled_again_for_a_second_identical_call(one_thread):
+    """The model's position table is not kept by a traced forward: the first call's would fail the guards of the
+    second, which compiled the forward again."""
+    ids = covering_ids(97, batch=1, length=9)
+    model = tiny_lm(mem_len=16).eval()
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+    model.forward = torch.compile(model.forward, backend=counter, dynamic=True)
+    with torch.no_grad():
+        model(ids)
+        compilations = counter.frame_count
+        model(ids)
+    assert counter.frame_count == compilations

@@ -303,6 +303,23 @@ def test_trainer_keeps_the_best_model_by_eval_loss(tmp_path, one_thread):
     assert trainer.state.best_metric == min(evaluated)
 
 
+def test_trainer_label_smoothing_shifts_the_labels_as_for_any_causal_lm(tmp_path, one_thread):
+    """Trainer shifts the labels for label smoothing only for the class names in transformers' table of causal LMs:
+    unshifted, each position was scored against its own token and training learnt to copy its input."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    model = tiny_lm().train()
+    trainer = Trainer(model=model, args=trainer_arguments(tmp_path, label_smoothing_factor=0.1))
+    ids = random_ids(2, 8)
+    torch.manual_seed(0)
+    loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+    torch.manual_seed(0)
+    output = model(input_ids=ids)
+    smoother = LabelSmoother(epsilon=0.1)
+    torch.testing.assert_close(loss, smoother(output, ids, shift_labels=True))
+    assert not torch.allclose(loss, smoother(output, ids))
+
+
 def test_training_returns_no_logits_unless_asked(lm):
     """The training path's speed: no [B, Q, V] log-probabilities when a loss is computed with gradients."""
     ids = random_ids(2, 6)
@@ -314,6 +331,10 @@ def test_training_returns_no_logits_unless_asked(lm):
     lm.eval()  # gradients on in eval mode (saliency, a probe's training): logits, as from GPT-2
     output = lm(ids, labels=ids)
     assert output.logits.shape == (2, 6, lm.config.vocab_size) and output.logits.requires_grad
+    lm.train()
+    lm.config.return_logits = True  # (for code that reads them in every step: a metric in Trainer.compute_loss)
+    assert lm(ids, labels=ids).logits.shape == (2, 6, lm.config.vocab_size)
+    assert lm(ids, labels=ids, return_logits=False).logits is None
 
 
 def test_trainer_trains_the_classification_head(tmp_path, one_thread):
@@ -451,6 +472,32 @@ def test_peft_trainable_tokens_name_one_table_of_the_adaptive_embedding():
     assert any("trainable_tokens" in name for name, p in adapted.named_parameters() if p.grad is not None)
 
 
+def test_new_tokens_train_through_the_tied_tables_beside_an_adapter_and_merge_to_its_outputs(tmp_path):
+    """docs/generation.md's way to train new tokens: the tables the output layers share, unfrozen beside LoRA, train
+    both sides; the merged model, saved and loaded, gives the adapter model's outputs."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    adapted = peft.get_peft_model(tiny_lm().train(), peft.LoraConfig(target_modules="all-linear", r=4))
+    for parameter in adapted.base_model.model.transformer.word_embeddings.parameters():
+        parameter.requires_grad_(True)
+    optimizer = torch.optim.AdamW([p for p in adapted.parameters() if p.requires_grad], lr=1e-2)
+    ids = random_ids(2, 8)
+    table = adapted.base_model.model.transformer.word_embeddings.embeddings[0].weight
+    before = table.detach().clone()
+    for _ in range(2):
+        adapted(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert not torch.equal(table, before)
+    adapted.eval()
+    with torch.no_grad():
+        expected = adapted(input_ids=ids).logits
+        merged = adapted.merge_and_unload()
+        merged.save_pretrained(tmp_path / "merged")
+        loaded = TxlForCausalLM.from_pretrained(tmp_path / "merged")
+        torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("div_val", [2, 1])
 def test_peft_prompt_tuning_trains_the_virtual_tokens_and_generates_after_them(div_val, tmp_path):
     """PEFT's prompt tuning finds the input embedding at `embeddings.word_embeddings`. Before, it found nothing with
@@ -513,6 +560,8 @@ def test_peft_p_tuning_trains_and_prefix_tuning_is_refused_clearly():
     message = r"got \w*Cache\. .*not keys and values.* PEFT's prefix tuning, which makes one, does not apply"
     with pytest.raises(TypeError, match=message):
         prefix(input_ids=ids)
+    with pytest.raises(TypeError, match=message):  # (PEFT widens the mask by the prefix: the memory is said first)
+        prefix(input_ids=ids, attention_mask=torch.ones_like(ids))
     with pytest.raises(TypeError, match=message):
         prefix.generate(input_ids=ids[:1], max_new_tokens=2)
 
@@ -665,10 +714,21 @@ def test_speculative_decoding_is_refused_up_front(settings):
         model.generate(random_ids(1, 5), max_new_tokens=4, **settings)
 
 
-@pytest.mark.parametrize("implementation", ["static", "dynamic", "offloaded", "quantized"])
+@pytest.mark.parametrize("implementation", ["static", "offloaded", "quantized"])
 def test_cache_implementations_are_refused(implementation):
     with pytest.raises(ValueError, match=f"cache_implementation='{implementation}'. cannot be honoured"):
         tiny_lm().generate(random_ids(1, 5), max_new_tokens=2, cache_implementation=implementation)
+
+
+def test_generate_takes_what_gpt2s_takes_for_lengths_and_a_dynamic_cache():
+    """Integral lengths of other types (3.0, a 0-d tensor) and cache_implementation="dynamic" (a cache that grows,
+    as the memory does) run as GPT-2's generate() runs them; a length of 2.5 is refused."""
+    model, ids = tiny_lm().eval(), random_ids(1, 5)
+    expected = model.generate(ids, max_new_tokens=3, do_sample=False)
+    for settings in ({"max_new_tokens": 3.0}, {"max_new_tokens": torch.tensor(3), "cache_implementation": "dynamic"}):
+        assert torch.equal(model.generate(ids, do_sample=False, **settings), expected)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an integer, got 2\.5"):
+        model.generate(ids, max_new_tokens=2.5)
 
 
 def test_generate_from_inputs_embeds():

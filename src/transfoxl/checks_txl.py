@@ -28,6 +28,13 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _integral(value: Any) -> bool:
+    """An integer, a float of an integer's value, or a 0-d integer tensor (not a bool)."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_floating_point and value.dtype != torch.bool
+    return is_integer(value) or (isinstance(value, float) and value.is_integer())
+
+
 def is_flag(value: Any) -> bool:
     """A bool, or the 0 / 1 some JSON writers use; a string such as "no" would silently count as true."""
     return isinstance(value, bool) or (is_integer(value) and value in (0, 1))
@@ -341,7 +348,7 @@ def check_generation_settings(setting: Callable[[str], Any], vocab_size: int) ->
             "Generate without assistant_model, or use an assistant with a key/value cache."
         )
     cache_implementation = setting("cache_implementation")
-    if cache_implementation is not None:
+    if cache_implementation not in (None, "dynamic"):  # ("dynamic", a cache that grows: what the memory does)
         raise ValueError(
             f"generate(cache_implementation={cache_implementation!r}) cannot be honoured: Transformer-XL's cache is "
             "its memory of hidden states (TxlMemory, created by generate() or passed as past_key_values), not a "
@@ -349,7 +356,7 @@ def check_generation_settings(setting: Callable[[str], Any], vocab_size: int) ->
         )
     for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
         value = setting(name)
-        if value is not None and not is_integer(value):
+        if value is not None and not _integral(value):  # (3.0 and a 0-d integer tensor run as 3, as for GPT-2)
             raise ValueError(f"{name} must be an integer, got {value!r}.")
     for name in ("eos_token_id", "pad_token_id"):
         value = setting(name)

@@ -111,6 +111,11 @@ class TxlConfig(PreTrainedConfig):
             Segment length the model was trained with (informative; scripts use it as their default).
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether forward returns the updated memory as `past_key_values`.
+        return_logits (`bool`, *optional*):
+            Whether `TxlForCausalLM.forward` returns `logits` when its `return_logits` argument is not given. None
+            (the default): always, except in a training step (a loss computed with gradients in train mode), which
+            computes only the clusters of the adaptive softmax that hold a target. True: in training steps too,
+            for code that reads `outputs.logits` there (a metric or a distillation loss in `compute_loss`).
         eos_token_id (`int`, *optional*):
             End-of-sequence id (`<eos>` ends every line in Transformer-XL corpora); generation stops on it. v4's
             default was 0, which `TransfoXLConfig` keeps.
@@ -167,6 +172,7 @@ class TxlConfig(PreTrainedConfig):
     memory_init: str = "empty"
     tgt_len: int | None = None
     use_cache: bool = True
+    return_logits: bool | None = None  # None: all but a training step's
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -183,6 +189,8 @@ class TxlConfig(PreTrainedConfig):
         if self.tie_word_embeddings is not None and not is_flag(self.tie_word_embeddings):
             raise ValueError(f"TxlConfig: `tie_word_embeddings` must be a bool, got {self.tie_word_embeddings!r}.")
         self.tie_word_embeddings = True if self.tie_word_embeddings is None else bool(self.tie_word_embeddings)
+        if self.return_logits is not None and not is_flag(self.return_logits):
+            raise ValueError(f"TxlConfig: `return_logits` must be a bool or None, got {self.return_logits!r}.")
         cutoffs = self.cutoffs
         self.cutoffs = [] if cutoffs is None else list(cutoffs) if _is_sequence(cutoffs) else cutoffs
         self.tie_projs = list(self.tie_projs) if _is_sequence(self.tie_projs) else self.tie_projs

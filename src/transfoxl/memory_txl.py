@@ -424,6 +424,7 @@ class TxlMemory(Cache):
         # changes every call, recompiling each time).
         self.seen_tokens: int | None = 0
         self._input_is_new = False  # see `input_is_new`
+        self._expected: tuple | None = None  # see `expect_tokens`
 
     def update(self, *arguments, **keywords) -> None:
         """Refused, changing nothing: transformers' `Cache.update(key_states, value_states, layer_idx)` appends keys
@@ -523,6 +524,22 @@ class TxlMemory(Cache):
                 input_ids = torch.full((batch, q_len), -1, dtype=torch.long, device=device)
             self._token_ids.append(input_ids.to(torch.long))
 
+    def expect_tokens(self, input_ids: torch.Tensor | None, *, batch: int, q_len: int, device: torch.device) -> None:
+        """Note, outside a forward, the segment the next forward will feed (`update_tokens`' arguments), for
+        `settle_tokens` to count if that forward is traced (`torch.compile`: the forward cannot count it, see
+        `update_tokens`). generate()'s hooks call both around each forward, so that a compiled forward keeps the
+        count that its continuation idiom relies on (`tokens_already_seen`)."""
+        self._expected = None if self.seen_tokens is None else (self.seen_tokens, input_ids, batch, q_len, device)
+
+    def settle_tokens(self) -> None:
+        """After the forward `expect_tokens` announced: where it was traced (the count then unknown), count its
+        segment as an eager forward would have."""
+        expected, self._expected = self._expected, None
+        if expected is not None and self.seen_tokens is None:
+            seen, input_ids, batch, q_len, device = expected
+            self.seen_tokens = seen
+            self.update_tokens(input_ids, batch=batch, q_len=q_len, device=device)
+
     @contextlib.contextmanager
     def input_is_new(self) -> Iterator[TxlMemory]:
         """While active, `generate()` takes every token of its input as new to this memory, whatever it begins with
@@ -598,6 +615,7 @@ class TxlMemory(Cache):
         self._padding.replace(None)
         self._token_ids.replace(None)
         self.seen_tokens = 0
+        self._expected = None
 
     def _apply_to_rows(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Apply a batch operation to the per-position flags and ids (the layers apply it to their tensors)."""

@@ -305,6 +305,14 @@ _GENERATE_TAKES_CACHE = tuple(int(part) for part in re.findall(r"\d+", transform
 _CACHE_KWARG = "cache" if _GENERATE_TAKES_CACHE else "past_key_values"
 
 
+_UNKNOWN_COUNT = (
+    "generate() was given a memory whose count of tokens seen is unknown (a compiled or exported forward updated it "
+    "outside generate(), or it was rebuilt from its tensors): every token of the input is taken as new to it. If the "
+    "input repeats text the memory has already seen (transformers' continuation idiom), pass only the new tokens; "
+    "`with memory.input_is_new():` says that you do, and silences this warning."
+)
+
+
 def _memory_of(outputs: transformers.utils.ModelOutput) -> TxlMemory | None:
     """The memory an output holds, under the installed transformers' name for it."""
     return getattr(outputs, _CACHE_KWARG)
@@ -850,8 +858,9 @@ class TxlAdaptiveEmbedding(nn.Module):
                 raise AttributeError(
                     f"TxlAdaptiveEmbedding has no single {name}: an adaptive embedding splits the vocabulary into "
                     "clusters, each a table of its own width (`embeddings[i].weight`) projected to d_model "
-                    "(`projections[i]`). PEFT: prompt tuning needs prompt_tuning_init='RANDOM'; target the tables "
-                    "`embeddings.N` by name (LoRA, trainable tokens)."
+                    "(`projections[i]`). PEFT: prompt tuning needs prompt_tuning_init='RANDOM'; LoRA targets the "
+                    "tables `embeddings.N` by name; new tokens train with the tables unfrozen beside the adapter (the "
+                    "output layers share them: docs/generation.md, PEFT)."
                 ) from None
             raise
 
@@ -1418,7 +1427,9 @@ class TxlModel(TxlPreTrainedModel):
 
     def _positions(self, k_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """R for the distances K-1, ..., 0, `[K, E]`: a view of a table kept across calls (it depends on K only)."""
-        if torch.compiler.is_exporting():  # an exported program computes it; it keeps no Python state
+        # A traced forward computes it: an exported program keeps no Python state, and a table the first compiled call
+        # kept would fail the guards of the second (one more compilation, on the first request after a warm-up).
+        if torch.compiler.is_exporting() or torch.compiler.is_compiling():
             return sinusoid_positions(
                 k_len, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
             )
@@ -1429,7 +1440,7 @@ class TxlModel(TxlPreTrainedModel):
             or kept[0] != key
             or kept[1].shape[0] < k_len
             # made under torch.inference_mode(): autograd may not save it for backward outside that mode
-            or (not torch.compiler.is_compiling() and kept[1].is_inference() and not torch.is_inference_mode_enabled())
+            or (kept[1].is_inference() and not torch.is_inference_mode_enabled())
         ):
             length = max(k_len, self.config.mem_len + 1)
             table = sinusoid_positions(
@@ -1550,6 +1561,7 @@ class TxlModel(TxlPreTrainedModel):
         """
         take_sequence_bounds(kwargs, position_ids)
         reject_unknown_arguments(kwargs, input_ids, inputs_embeds)
+        _check_memory_type(past_key_values)  # (before the mask: PEFT's prefix tuning widens it by its prefix)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -1733,10 +1745,10 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             logits_to_keep (`int` or `torch.Tensor`, *optional*, defaults to 0):
                 Compute log-probabilities for the last `logits_to_keep` positions only (0: all), or, as a 1-D tensor
                 of integers, for the positions it lists (transformers' causal LMs take both).
-            return_logits (`bool`, *optional*):
-                Whether to return `logits`. Defaults to `True`, except for a training step (a loss computed with
-                gradients in train mode) that returns a dict: the loss then only computes the clusters of the adaptive
-                softmax that hold a target, and no `[B, Q, V]` tensor is made. In eval mode, and with
+            return_logits (`bool`, *optional*, defaults to `config.return_logits`):
+                Whether to return `logits`. When neither says: `True`, except for a training step (a loss computed
+                with gradients in train mode) that returns a dict: the loss then only computes the clusters of the
+                adaptive softmax that hold a target, and no `[B, Q, V]` tensor is made. In eval mode, and with
                 `return_dict=False` (whose tuple is `(loss, logits, ...)` as any causal LM's), logits come back.
             shift_labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*, keyword):
                 Targets already aligned with the positions (position t predicts `shift_labels[:, t]`): for a stream
@@ -1785,6 +1797,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             losses = losses.view(batch, q_len)
             loss = self._reduce_loss(losses, targets, num_items_in_batch)
 
+        if return_logits is None:
+            return_logits = self.config.return_logits
         if return_logits is None:  # the [B, Q, V] log-probabilities cost a training step more than the loss
             training_step = self.training and torch.is_grad_enabled() and hidden_states.requires_grad
             # (A tuple keeps them: without, every later entry would move to the place a causal LM's logits take.)
@@ -1887,11 +1901,15 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> dict:
         past_key_values = cache if past_key_values is None else past_key_values  # (transformers 5.24's name)
+        if past_key_values is not None:
+            past_key_values.settle_tokens()  # (the count of a compiled forward before this one)
         # The memory length says nothing about how many of input_ids were consumed, so the default slicing (by
         # get_seq_length) is wrong here: the first call feeds every token new to the memory, later calls the newest.
         if not is_first_iteration and use_cache and past_key_values is not None and past_key_values.mem_len > 0:
             input_ids = input_ids[:, -1:]  # (without memory, mem_len = 0, every step sees the whole sequence)
         elif past_key_values is not None and past_key_values.get_seq_length() > 0:
+            if past_key_values.seen_tokens is None and not past_key_values._input_is_new:
+                logger.warning_once(_UNKNOWN_COUNT)
             # transformers' continuation idiom passes the sequence the memory has already seen, plus new tokens.
             input_ids = input_ids[:, past_key_values.tokens_already_seen(input_ids) :]
             if is_first_iteration and inputs_embeds is not None:  # (its idiom with embeddings: always all of them)
@@ -1915,7 +1933,16 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
         for name in ("logits_to_keep", "output_attentions", "output_hidden_states"):
             if name in kwargs:
                 model_inputs[name] = kwargs[name]
+        if past_key_values is not None and use_cache:
+            past_key_values.expect_tokens(
+                model_inputs["input_ids"], batch=input_ids.shape[0], q_len=new_positions, device=input_ids.device
+            )
         return model_inputs
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs: dict, *args, **kwargs) -> dict:
+        if (memory := _memory_of(outputs)) is not None:
+            memory.settle_tokens()  # (what a compiled forward could not count)
+        return super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
 
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
         """`GenerationMixin.generate`, with the prompt and the generation's token ids checked first: transformers
@@ -2099,6 +2126,11 @@ register_checkpoint_conversion_mapping(
     [WeightRenaming(source, target) for source, target in LEGACY_PARAMETER_RENAMES.items()],
     overwrite=True,
 )
+
+# Trainer tells a causal LM by its class name in transformers' own table of them (for label smoothing, whose labels it
+# then shifts), which registering with the Auto classes does not fill: without it, label smoothing compares each
+# position with its own token and trains a copy of the input. Here, so that remote code (no `import transfoxl`) has it.
+transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault("txl", "TxlForCausalLM")
 
 __all__ = [
     "TxlAdaptiveEmbedding",
