@@ -12,7 +12,15 @@ import torch
 from tests.utils import VOCAB, case, expect_error, tiny_lm
 from transfoxl import TxlForCausalLM
 from transfoxl.data import StreamBatcher
-from transfoxl.evaluation import StreamEvaluation, evaluate_stream, evaluation_settings, is_character_level
+from transfoxl.evaluation import (
+    StreamEvaluation,
+    evaluate_memory_lengths,
+    evaluate_stream,
+    evaluation_settings,
+    is_character_level,
+    memory_lengths_plot,
+    memory_lengths_table,
+)
 from transfoxl.presets import config_from_preset
 from transfoxl.tokenization.tokenization_txl import train_byte_level_bpe, train_char_level, train_word_level
 
@@ -401,3 +409,16 @@ def test_a_memory_for_a_model_trained_without_one_is_accepted(record_property) -
     assert result.mem_len == 16 and result.num_targets == 199 and torch.isfinite(torch.tensor(result.loss))
     assert model.config.mem_len == 0  # the model is unchanged
     record_property("outcome", f"accepted: {result.num_targets} targets, loss {result.loss:.3f} nats")
+
+
+def test_memory_lengths_give_evaluate_streams_row_for_each_length_a_table_and_a_plot(lm: TxlForCausalLM) -> None:
+    stream = torch.randint(0, VOCAB, (90,), generator=torch.Generator().manual_seed(3))
+    rows = evaluate_memory_lengths(lm, stream, [0, 8, 24], tgt_len=6, clamp_len=-1, same_length=False)
+    for row, mem_len in zip(rows, [0, 8, 24], strict=True):
+        alone = evaluate_stream(lm, stream, tgt_len=6, mem_len=mem_len, clamp_len=-1, same_length=False)
+        assert row["mem_len"] == mem_len and row["num_targets"] == alone.num_targets == 89
+        assert math.isclose(row["loss"], alone.loss, rel_tol=1e-9) and row["tokens_per_second"] > 0
+    table = memory_lengths_table(rows, "bpc").splitlines()
+    assert table[0] == "| memory length | targets | loss (nats) | perplexity | bpc |" and len(table) == 2 + 3
+    assert table[3].startswith("| 8 | 89 | ")
+    assert memory_lengths_plot(rows, "bpc", "title").startswith(b"\x89PNG")

@@ -14,7 +14,9 @@ length (`mem_len`).
 from __future__ import annotations
 
 import contextlib
+import io
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +29,17 @@ from .checks_txl import require_integer, token_id_outside
 from .configuration_txl import MEMORY_INIT_CHOICES
 from .modeling_txl import TxlMemory, input_vocab_size
 
-__all__ = ["StreamEvaluation", "bits", "evaluate_stream", "evaluation_settings", "is_character_level", "perplexity"]
+__all__ = [
+    "StreamEvaluation",
+    "bits",
+    "evaluate_memory_lengths",
+    "evaluate_stream",
+    "evaluation_settings",
+    "is_character_level",
+    "memory_lengths_plot",
+    "memory_lengths_table",
+    "perplexity",
+]
 
 LN2 = math.log(2)
 
@@ -224,3 +236,84 @@ def evaluate_stream(
     finally:
         model.train(was_training)
     return StreamEvaluation(float(nll_sum), num_targets, tgt_len, mem_len, **settings)
+
+
+def evaluate_memory_lengths(
+    model: Any,
+    stream: torch.Tensor | Sequence[int] | StreamBatcher,
+    mem_lens: Sequence[int],
+    *,
+    tgt_len: int,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool | str = False,
+) -> list[dict[str, Any]]:
+    """`evaluate_stream` once per memory length (the paper's table: the same text, longer memories), one row each:
+    `StreamEvaluation.to_dict()` with `seconds` and `tokens_per_second`. `autocast_dtype` (bf16, fp16) runs each
+    evaluation under `torch.autocast` on the model's device; `progress` (a str: its label) shows a bar per length."""
+    device = next(model.parameters()).device
+    rows = []
+    for mem_len in mem_lens:
+        autocast = (
+            torch.autocast(device.type, dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        label = f"{progress} mem_len={mem_len}" if isinstance(progress, str) else progress
+        started = time.perf_counter()
+        with autocast:
+            result = evaluate_stream(
+                model,
+                stream,
+                tgt_len=tgt_len,
+                mem_len=mem_len,
+                clamp_len=clamp_len,
+                same_length=same_length,
+                progress=label,
+            )
+        seconds = time.perf_counter() - started  # (float(nll_sum) inside evaluate_stream waited for the device)
+        rows.append({**result.to_dict(), "seconds": seconds, "tokens_per_second": result.num_targets / seconds})
+    return rows
+
+
+def memory_lengths_table(rows: Sequence[dict[str, Any]], unit: str) -> str:
+    """`evaluate_memory_lengths`' rows as a Markdown table: memory length | targets | loss (nats) | perplexity |
+    `unit` (bits per token: "bpc" for a character-level tokenizer)."""
+    header = ["memory length", "targets", "loss (nats)", "perplexity", unit]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    for row in rows:
+        cells = [
+            str(row["mem_len"]),
+            f"{row['num_targets']:,}",
+            f"{row['loss']:.4f}",
+            f"{row['perplexity']:.3f}",
+            f"{row['bits_per_token']:.4f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def memory_lengths_plot(rows: Sequence[dict[str, Any]], unit: str, title: str) -> bytes:
+    """`unit` (bits per token) against the memory length, as PNG bytes. Drawn on its own Agg canvas, not through
+    pyplot: no display and no global pyplot state (matplotlib, of the training extra, is imported here)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    points = sorted((row["mem_len"], row["bits_per_token"]) for row in rows)
+    figure = Figure(figsize=(6.4, 4.0), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot([x for x, _ in points], [y for _, y in points], marker="o")
+    for x, y in points:
+        axes.annotate(f"{y:.4f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    if len(points) <= 8:  # the lengths evaluated as the ticks, while they do not crowd the axis
+        axes.set_xticks([x for x, _ in points])
+    axes.ticklabel_format(axis="y", useOffset=False)  # plain values: "4.2678", not "1e-5 + 4.267" and offsets
+    axes.set_xlabel("memory length (positions)")
+    axes.set_ylabel(unit)
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

@@ -42,18 +42,13 @@ tokenizer.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
-import io
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .. import TxlConfig, TxlForCausalLM
@@ -65,7 +60,7 @@ from ..data import (
     tokenize_corpus,
     unknown_share,
 )
-from ..evaluation import StreamEvaluation, evaluate_stream, is_character_level
+from ..evaluation import evaluate_memory_lengths, is_character_level, memory_lengths_plot, memory_lengths_table
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
 from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
 from .options import (
@@ -358,47 +353,6 @@ def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str,
 # Outputs
 
 
-def results_table(rows: Sequence[dict[str, Any]], unit: str) -> str:
-    """The rows as a Markdown table: memory length | targets | loss (nats) | perplexity | `unit`."""
-    header = ["memory length", "targets", "loss (nats)", "perplexity", unit]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
-    for row in rows:
-        cells = [
-            str(row["mem_len"]),
-            f"{row['num_targets']:,}",
-            f"{row['loss']:.4f}",
-            f"{row['perplexity']:.3f}",
-            f"{row['bits_per_token']:.4f}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_png(rows: Sequence[dict[str, Any]], unit: str, title: str) -> bytes:
-    """`unit` (bits per token) against the memory length, as PNG bytes.
-
-    The figure is drawn on its own Agg canvas, not through pyplot: no display and no global pyplot state, so a
-    script running headless (or a test importing this module) needs no backend setting.
-    """
-    points = sorted((row["mem_len"], row["bits_per_token"]) for row in rows)
-    figure = Figure(figsize=(6.4, 4.0), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    axes.plot([x for x, _ in points], [y for _, y in points], marker="o")
-    for x, y in points:
-        axes.annotate(f"{y:.4f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    if len(points) <= 8:  # the lengths evaluated as the ticks, while they do not crowd the axis
-        axes.set_xticks([x for x, _ in points])
-    axes.ticklabel_format(axis="y", useOffset=False)  # plain values: "4.2678", not "1e-5 + 4.267" and offsets
-    axes.set_xlabel("memory length (positions)")
-    axes.set_ylabel(unit)
-    axes.set_title(title, fontsize=10)
-    axes.grid(alpha=0.3)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -483,9 +437,18 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         f"settings: tgt_len {settings.tgt_len}, batch size {args.batch_size}, clamp_len {settings.clamp_len}, "
         f"same_length {settings.same_length}, memory lengths {settings.mem_lens}; {device}, {args.dtype}"
     )
-    rows = evaluate_memory_lengths(args, model, batcher, settings, device)
+    rows = evaluate_memory_lengths(
+        model,
+        batcher,
+        settings.mem_lens,
+        tgt_len=settings.tgt_len,
+        clamp_len=settings.clamp_len,
+        same_length=settings.same_length,
+        autocast_dtype=None if args.dtype == "float32" else DTYPES[args.dtype],
+        progress=not args.no_progress and args.split,
+    )
 
-    table = results_table(rows, unit)
+    table = memory_lengths_table(rows, unit)
     print()
     print(table, end="")
     if unit == "bpc":
@@ -519,31 +482,6 @@ def load_model(parser: argparse.ArgumentParser, run: RunFolder, config: TxlConfi
     if not isinstance(model, TxlForCausalLM):
         parser.error(f"MODEL_DIR {run.path} loads as a {type(model).__name__}, not a TxlForCausalLM")
     return model
-
-
-def evaluate_memory_lengths(
-    args: argparse.Namespace, model: Any, batcher: StreamBatcher, settings: Settings, device: torch.device
-) -> list[dict[str, Any]]:
-    """One row per memory length: `StreamEvaluation.to_dict()`, seconds and tokens per second."""
-    autocast = (
-        torch.autocast(device.type, dtype=DTYPES[args.dtype]) if args.dtype != "float32" else contextlib.nullcontext()
-    )
-    rows = []
-    for mem_len in settings.mem_lens:
-        started = time.perf_counter()
-        with autocast:
-            result: StreamEvaluation = evaluate_stream(
-                model,
-                batcher,
-                tgt_len=settings.tgt_len,
-                mem_len=mem_len,
-                clamp_len=settings.clamp_len,
-                same_length=settings.same_length,
-                progress=False if args.no_progress else f"{args.split} mem_len={mem_len}",
-            )
-        seconds = time.perf_counter() - started  # float(nll_sum) inside evaluate_stream waited for the device
-        rows.append({**result.to_dict(), "seconds": seconds, "tokens_per_second": result.num_targets / seconds})
-    return rows
 
 
 def write_reports(
@@ -593,11 +531,11 @@ def write_reports(
         f"# Evaluation of `{model_dir.name}` on the {args.split} split\n\n"
         f"{num_tokens:,} tokens of {source}; segments of {settings.tgt_len}, batch size {settings.batch_size}, "
         f"clamp_len {settings.clamp_len}, same_length {settings.same_length}; {unit_note}.\n\n"
-        f"{results_table(rows, unit)}"
+        f"{memory_lengths_table(rows, unit)}"
     )
     write_text_atomically(output / f"{stem}.md", markdown)
     title = f"{model_dir.name}: {args.split} split, {num_tokens:,} tokens, segments of {settings.tgt_len}"
-    write_bytes_atomically(output / f"{stem}.png", plot_png(rows, unit, title))
+    write_bytes_atomically(output / f"{stem}.png", memory_lengths_plot(rows, unit, title))
     print(f"\nwrote {stem}.json, {stem}.md and {stem}.png to {output}{replaced}")
 
 
