@@ -60,6 +60,12 @@ def require_integer(
 # Tensors
 
 
+def tracing() -> bool:
+    """Whether torch.compile, torch.export or torch.jit.trace is tracing this call: a traced graph must hold portable
+    operators (not this machine's compiled ones) and keeps no Python state."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def autocast_on(device_type: str) -> bool:
     """`torch.is_autocast_enabled(device_type)`; False for a device autocast does not know (meta: a shape-only run,
     for which torch raises)."""

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks_txl import tracing
 from .cpp_kernels_txl import compiled_operators
 from .kernels_txl import one_row_linear
 
@@ -52,7 +53,7 @@ def _one_row_inference(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
         and inputs.dtype == weight.dtype
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
-        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+        and not tracing()
         and not torch._C._are_functorch_transforms_active()
         and not _forward_ad_active()
     )

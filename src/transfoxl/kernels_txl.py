@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .checks_txl import autocast_on
+from .checks_txl import autocast_on, tracing
 from .cpp_kernels_txl import compiled_operators
 
 
@@ -372,7 +372,7 @@ def compiled_attention_applies(
     caller decides where the mask and gradients allow them."""
     return (
         (mask is None or mask.dtype == torch.bool)
-        and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+        and not tracing()
         and query.shape[-1] % 8 == 0
         and all(
             tensor.device.type == "cpu" and tensor.dtype == torch.float32

@@ -80,6 +80,7 @@ from .checks_txl import (
     require_integer,
     sequence_breaks,
     take_sequence_bounds,
+    tracing,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .cpp_kernels_txl import compiled_operators
@@ -435,7 +436,7 @@ class TxlRelativeAttention(nn.Module):
             dropout == 0.0
             and arguments[0].device.type == "cpu"
             and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in arguments[:-1]))
-            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+            and not tracing()
             and not torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
             and not _forward_ad_active()
         )
@@ -883,7 +884,7 @@ class TxlAdaptiveEmbedding(nn.Module):
             input_ids.device.type == "cpu"
             and input_ids.numel() > 0
             and not torch.is_grad_enabled()
-            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing())
+            and not tracing()
             and not torch._C._are_functorch_transforms_active()  # (vmap, grad: the compiled operators have no rules)
         ):
             return self._embed_by_cluster(input_ids) * self.scale
