@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -223,6 +223,29 @@ _VERSION = operator.attrgetter("_version")
 _FORWARD = operator.attrgetter("forward")
 
 
+class LayerTensors(NamedTuple):
+    """A layer's tensors for the fused decoding kernels (`decode_layer`, `decode_layers`), in their order after the
+    memory's. Only the three linear biases may be None."""
+
+    qkv_weight: torch.Tensor
+    content_bias: torch.Tensor  # u
+    position_bias: torch.Tensor  # v
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    attn_norm_weight: torch.Tensor
+    attn_norm_bias: torch.Tensor
+    up_weight: torch.Tensor
+    up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+    ffn_norm_weight: torch.Tensor
+    ffn_norm_bias: torch.Tensor
+
+    def complete(self) -> bool:
+        """Whether every tensor but the three biases is there."""
+        return None not in (*self[:4], *self[5:8], self.down_weight, *self[11:])
+
+
 def _no_plan() -> None:
     return None
 
@@ -371,7 +394,7 @@ class _DecodePlan(_Watch):
             attention._relative_keys(positions)
             kept = attention._position_table
             kept_table = kept.projected if kept is not None and kept.table is table else None
-            plan.layers.append((tensors[0], tensors[1:], kept_table, attention))
+            plan.layers.append((tensors.qkv_weight, tensors[1:], kept_table, attention))
             plan.scalars += scalars
             plan.versions.append(version)
             plan.keepable = plan.keepable and attention.config is model.config
@@ -397,7 +420,9 @@ class _DecodePlan(_Watch):
             # Results made from these weights are kept (the memory's keys and values, the projected position
             # table): their storage and version. The others the kernel reads as they are at each token (a weight's
             # `.data` replaced: its new values), as long as their storage and layout are what the checks saw.
-            kept_from = [tensors[0], *(tensors[5:7] if attention.pre_lnorm else ())]
+            kept_from = [tensors.qkv_weight]
+            if attention.pre_lnorm:  # (the keys and values are of the normed input)
+                kept_from += (tensors.attn_norm_weight, tensors.attn_norm_bias)
             if kept_table is not None:
                 kept_from.append(attention._modules["pos_proj"]._parameters["weight"])
             plan.watch_storage(kept_from)

@@ -86,6 +86,7 @@ from .configuration_txl import TransfoXLConfig, TxlConfig
 from .cpp_kernels_txl import compiled_operators
 from .fast_paths_txl import (
     _PLAN,
+    LayerTensors,
     _compiled_float32,
     _DecodePlan,
     _dropout,
@@ -733,24 +734,23 @@ class TxlLayer(GradientCheckpointingLayer):
             or (step := self._decode_step(store, content_bias, position_bias)) is None
         ):
             return None
-        tensors, (scaling, attn_eps, ffn_eps), pre_lnorm = step
-        qkv_weight, content_bias, position_bias, o_weight, o_bias, *norm_a, up_weight, up_bias = tensors[:9]
-        down_weight, down_bias, *norm_f = tensors[9:]
+        t, (scaling, attn_eps, ffn_eps), pre_lnorm = step  # (t: LayerTensors)
         rel_key = self._modules["attention"]._relative_keys(positions)  # [H, K, D]
         key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
         output = operators.decode_layer(
             hidden_states.reshape(-1),
-            *(qkv_weight, key, value, rel_key, content_bias, position_bias),
+            *(t.qkv_weight, key, value, rel_key, t.content_bias, t.position_bias),
             None if mask is None else mask.reshape(1, -1),
             scaling,
-            *(o_weight, o_bias, *norm_a, attn_eps, up_weight, up_bias, down_weight, down_bias, *norm_f, ffn_eps),
+            *(t.o_weight, t.o_bias, t.attn_norm_weight, t.attn_norm_bias, attn_eps),
+            *(t.up_weight, t.up_bias, t.down_weight, t.down_bias, t.ffn_norm_weight, t.ffn_norm_bias, ffn_eps),
             pre_lnorm,
         )  # (an exception on the way: TxlModel.forward puts the memory back as it was, this entry included)
         return output.view(hidden_states.shape)
 
     def _decode_step(
         self, store: TxlMemoryLayer, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
-    ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool] | None:
+    ) -> tuple[LayerTensors, tuple[float, float, float], bool] | None:
         """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's):
         `_decode_parts`' (the layer's own), and memory keys and values made by the current weights, in float32.
         Returns `_decode_parts`' tensors, scalars and pre_lnorm, or None where the step does not apply."""
@@ -765,12 +765,11 @@ class TxlLayer(GradientCheckpointingLayer):
 
     def _decode_parts(
         self, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None, sdpa_config: object | None = None
-    ) -> tuple[tuple[torch.Tensor | None, ...], tuple[float, float, float], bool, tuple] | None:
+    ) -> tuple[LayerTensors, tuple[float, float, float], bool, tuple] | None:
         """What the layer itself must be for the fused decoding step: eval mode, bare sub-layers and linear and norm
         layers (no hooks, adapters, replaced forwards), the sdpa implementation, no active dropout, float32 weights
-        whose version can be told. Returns the layer's tensors (qkv weight, u, v, output weight and bias, the
-        attention's norm weight and bias, the feed-forward's weights and biases, its norm weight and bias:
-        `decode_layers`' order after the memory's), its scaling and the two norms' eps, pre_lnorm, and the projection
+        whose version can be told. Returns the layer's tensors (`LayerTensors`: `decode_layers`' order after the
+        memory's), its scaling and the two norms' eps, pre_lnorm, and the projection
         version the memory's keys and values must have (`projection_version`); None where the step does not apply.
         `content_bias`, `position_bias`: the model's shared u and v, or None for the attention's own (untie_r).
         `sdpa_config`: a config the caller has seen ask for sdpa (read once for all layers: config attributes are slow
@@ -801,7 +800,7 @@ class TxlLayer(GradientCheckpointingLayer):
             return None
         if content_bias is None:
             content_bias, position_bias = attention._parameters["content_bias"], attention._parameters["position_bias"]
-        tensors = (
+        tensors = LayerTensors(
             qkv_proj._parameters["weight"],
             content_bias,
             position_bias,
@@ -811,10 +810,11 @@ class TxlLayer(GradientCheckpointingLayer):
             *_weight_and_bias(down_proj),
             *_weight_and_bias(ffn_norm),
         )
-        if any(tensors[i] is None for i in (0, 1, 2, 3, 5, 6, 7, 9, 11, 12)) or not _compiled_float32(tensors):
+        if not tensors.complete() or not _compiled_float32(tensors):
             return None
         # projection_version's value: the projection is bare without a bias, nothing traced (`_one_row_decoding`)
-        version = attention._projection_key(tensors[0], *(tensors[5:7] if attention.pre_lnorm else ()))
+        normed = (tensors.attn_norm_weight, tensors.attn_norm_bias) if attention.pre_lnorm else ()
+        version = attention._projection_key(tensors.qkv_weight, *normed)
         if version is None:  # (weights made under torch.inference_mode(): no keys and values are ever kept)
             return None
         return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm, version
