@@ -117,9 +117,9 @@ def test_kept_results_are_dropped_by_training_with_a_fused_optimizer():
     with torch.no_grad():
         model(ids(1, 3))
     attention = model.transformer.layers[0].attention
-    assert attention._position_table is not None
+    assert attention._projected_positions is not None
     model.train()
-    assert attention._position_table is None
+    assert attention._projected_positions is None
 
 
 @pytest.mark.parametrize("edit", ["every value", "some columns"])
@@ -164,11 +164,11 @@ def test_a_model_moved_to_another_device_starts_new_streams():
     with torch.no_grad():
         model(ids(1, 5))
     attentions = [layer.attention for layer in model.transformer.layers]
-    assert all(attention._position_table is not None for attention in attentions)
+    assert all(attention._projected_positions is not None for attention in attentions)
     for attention in attentions:
         attention.pos_proj.weight = torch.nn.Parameter(attention.pos_proj.weight.detach().to("meta"))
         attention.check_kept_position_table()
-        assert attention._position_table is None
+        assert attention._projected_positions is None
 
 
 def test_kept_results_name_the_weight_object_not_only_its_address():

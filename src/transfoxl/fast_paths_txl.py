@@ -392,7 +392,7 @@ class _DecodePlan(_Watch):
         for layer, (tensors, scalars, _, version) in zip(layers, parts):
             attention, ffn = layer._modules["attention"], layer._modules["ffn"]
             attention._relative_keys(positions)
-            kept = attention._position_table
+            kept = attention._projected_positions
             kept_table = kept.projected if kept is not None and kept.table is table else None
             plan.layers.append((tensors.qkv_weight, tensors[1:], kept_table, attention))
             plan.scalars += scalars
@@ -402,7 +402,7 @@ class _DecodePlan(_Watch):
             plan.watch(layer, attributes=called, children=("attention", "ffn"))
             plan.watch(
                 attention,
-                attributes=(*called, "config", "scaling", "pre_lnorm", "_position_table", "_training_phases"),
+                attributes=(*called, "config", "scaling", "pre_lnorm", "_projected_positions", "_training_phases"),
                 children=("qkv_proj", "pos_proj", "o_proj", "layer_norm", "dropout"),
                 parameters=("content_bias", "position_bias") if untie_r else (),
             )

@@ -406,7 +406,7 @@ class TxlRelativeAttention(nn.Module):
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
-        self._position_table: KeptPositionTable | None = None  # _relative_keys
+        self._projected_positions: KeptPositionTable | None = None  # _relative_keys
         # Results kept across inference calls are keyed on the weights (the objects themselves, their storage and
         # version), and on this count of training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py
         # builds it) update parameters in place without bumping their version, so a training forward or `train()`
@@ -465,7 +465,7 @@ class TxlRelativeAttention(nn.Module):
 
     def _forget_inference_results(self) -> None:
         """Drop what inference kept from the weights (they may change now without a new version, see __init__)."""
-        self._position_table = None
+        self._projected_positions = None
         self._training_phases += 1
 
     def train(self, mode: bool = True) -> TxlRelativeAttention:
@@ -476,11 +476,11 @@ class TxlRelativeAttention(nn.Module):
     def check_kept_position_table(self) -> None:
         """Drop the kept projected position table if its weight's values changed without a new version (an edit
         through `.data`, PEFT's merge_and_unload): the model asks where a new stream starts, not at every token."""
-        kept = self._position_table
+        kept = self._projected_positions
         if kept is None:
             return
         if not _is_plain_linear(self.pos_proj):  # (replaced since: an adapter, a quantized layer; nothing is kept)
-            self._position_table = None
+            self._projected_positions = None
             return
         weight = self.pos_proj.weight
         # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
@@ -491,7 +491,7 @@ class TxlRelativeAttention(nn.Module):
             or sample.dtype != weight.dtype
             or not torch.equal(_weight_sample(weight), sample)
         ):
-            self._position_table = None
+            self._projected_positions = None
 
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
@@ -512,11 +512,11 @@ class TxlRelativeAttention(nn.Module):
             key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
         except RuntimeError:  # (made under torch.inference_mode(): no version to tell an edit by, nothing kept)
             return pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
-        cached = self._position_table
+        cached = self._projected_positions
         if cached is None or cached.key != key or cached.table is not table:
             projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
             # [H, L, D], heads apart
-            cached = self._position_table = KeptPositionTable(
+            cached = self._projected_positions = KeptPositionTable(
                 key, table, projected.contiguous(), _weight_sample(weight)
             )
         projected = cached.projected
@@ -1378,7 +1378,7 @@ class TxlModel(TxlPreTrainedModel):
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.layers = nn.ModuleList([TxlLayer(config) for _ in range(config.n_layer)])
         self.gradient_checkpointing = False
-        self._position_table: tuple[tuple, torch.Tensor] | None = None  # see _positions
+        self._sinusoid_table: tuple[tuple, torch.Tensor] | None = None  # see _positions
         self.post_init()
 
     def get_input_embeddings(self) -> TxlAdaptiveEmbedding:
@@ -1435,7 +1435,7 @@ class TxlModel(TxlPreTrainedModel):
                 k_len, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
             )
         key = (dtype, device, self.config.clamp_len)
-        kept = self._position_table
+        kept = self._sinusoid_table
         if (
             kept is None
             or kept[0] != key
@@ -1447,8 +1447,8 @@ class TxlModel(TxlPreTrainedModel):
             table = sinusoid_positions(
                 length, self.config.d_model, clamp_len=self.config.clamp_len, dtype=dtype, device=device
             )
-            self._position_table = (key, table)
-        table = self._position_table[1]
+            self._sinusoid_table = (key, table)
+        table = self._sinusoid_table[1]
         return table[table.shape[0] - k_len :]
 
     @staticmethod
