@@ -549,10 +549,40 @@ class TxlRelativeAttention(nn.Module):
             store.drop_projections()
         kept = version is not None and hidden_memory is not None and store.has_projections(version)
 
-        inner = self.n_head * self.d_head
         implementation = getattr(self.config, "_attn_implementation", None) or "eager"
         if output_attentions or implementation not in ("sdpa", "eager"):
             implementation = "eager"
+        query, key, value = self._project_qkv(hidden_states, hidden_memory, kept, implementation)  # [B, H, Q|K, D]
+        if kept:
+            key, value = store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
+        elif version is not None:
+            store.store_projections(key, value, version)
+        rel_key = self._relative_keys(positions)  # [H, K, D]
+        arguments = (query, key, value, rel_key, content_bias, position_bias, mask)
+        attn_output, attn_weights = self._attend(arguments, implementation)  # [B, H, Q, D]
+        attn_output = attn_output.transpose(1, 2)  # [B, Q, H, D]
+        if torch.compiler.is_exporting():
+            # SDPA's output traced contiguous after the transpose, so the reshape was recorded as a view; the ONNX
+            # exporter decomposes SDPA into products whose output is not, and the view then fails. A copy always.
+            attn_output = attn_output.clone(memory_format=torch.contiguous_format)
+        attn_output = attn_output.reshape(batch, q_len, self.n_head * self.d_head)  # [B, Q, H*D]
+        attn_output = _dropout(self.dropout, _project(self.o_proj, attn_output))  # [B, Q, E]
+        if self.pre_lnorm:
+            return hidden_states + attn_output, attn_weights
+        return _layer_norm(self.layer_norm, hidden_states + attn_output), attn_weights
+
+    def _project_qkv(
+        self,
+        hidden_states: torch.Tensor,
+        hidden_memory: torch.Tensor | None,
+        kept: bool,
+        implementation: str,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The segment's queries `[B, H, Q, D]` and the keys and values `[B, H, K, D]` of `[memory; segment]`, or of
+        the segment alone where the memory's are `kept`: W_q, W_{k,E} and W_v of Sec. 3.3 (one fused projection).
+        hidden_states `[B, Q, E]`, hidden_memory `[B, M, E]` or None."""
+        batch, q_len, _ = hidden_states.shape
+        inner = self.n_head * self.d_head
         # Training after post-LN: the memory is a stop-gradient, so the keys and values of [memory; segment] come
         # from `memory_linear`, whose backward skips the memory rows' input gradient (autograd would compute it and
         # drop it at the concatenation); it concatenates them itself. Not on the eager path, the readable reference,
@@ -594,20 +624,21 @@ class TxlRelativeAttention(nn.Module):
             qkv = _project(self.qkv_proj, context).view(batch, context.shape[1], 3 * self.n_head, self.d_head)
             query, key, value = qkv.transpose(1, 2).chunk(3, dim=1)  # [B, H, K or Q, D] each
             query = query[:, :, -q_len:]  # [B, H, Q, D]
-        if kept:
-            key, value = store.append_projections(key, value)  # [B, H, K, D], views: no memory copy
-        elif version is not None:
-            store.store_projections(key, value, version)
-        rel_key = self._relative_keys(positions)  # [H, K, D]
+        return query, key, value
 
+    def _attend(self, arguments: tuple, implementation: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention output `[B, H, Q, D]` (and the probabilities `[B, H, Q, K]` on the eager path, else None) for
+        `arguments`, those of `eager_relative_attention`: query, key, value, rel_key, content_bias, position_bias,
+        mask."""
+        query, key, value, rel_key, _, _, mask = arguments
+        q_len = query.shape[2]
+        attn_weights = None
         # The one place where the computation path is chosen: eager (the readable reference, and the only one that
         # returns probabilities), CPU training (the compiled forward where it is built, with the torch kernel's
         # backward, else the torch kernel), decoding's one-query path, CPU inference's compiled kernel
         # (cpp_kernels_txl.py) or query blocks, or SDPA. (Decoding a token at batch 1 does not come here: TxlModel's
         # `_decode_token` or the layer's `_decode_one_row` run the whole layer in one compiled call.)
         dropout = self.config.dropatt if self.training else 0.0
-        arguments = (query, key, value, rel_key, content_bias, position_bias, mask)
-        attn_weights = None
         if implementation == "eager":
             attn_output, attn_weights = eager_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
         elif relative_attention_applies(query, key, value, rel_key, dropout):
@@ -635,16 +666,7 @@ class TxlRelativeAttention(nn.Module):
             attn_output = relative_attention_by_query_blocks(*arguments, scaling=self.scaling, block=block)
         else:
             attn_output = sdpa_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
-        attn_output = attn_output.transpose(1, 2)  # [B, Q, H, D]
-        if torch.compiler.is_exporting():
-            # SDPA's output traced contiguous after the transpose, so the reshape was recorded as a view; the ONNX
-            # exporter decomposes SDPA into products whose output is not, and the view then fails. A copy always.
-            attn_output = attn_output.clone(memory_format=torch.contiguous_format)
-        attn_output = attn_output.reshape(batch, q_len, inner)  # [B, Q, H*D]
-        attn_output = _dropout(self.dropout, _project(self.o_proj, attn_output))  # [B, Q, E]
-        if self.pre_lnorm:
-            return hidden_states + attn_output, attn_weights
-        return _layer_norm(self.layer_norm, hidden_states + attn_output), attn_weights
+        return attn_output, attn_weights
 
 
 class TxlDropout(nn.Dropout):
