@@ -39,7 +39,7 @@ TRANSFOXL_CPU_KERNEL=0, or if the build fails (logged once), `compiled_operators
 uses the torch path. This file imports torch, transformers' logging and the standard library: `save_pretrained`
 copies it into a model folder with kernels_txl.py, so remote code builds the same kernel.
 
-Shapes: B batch, H heads, Q queries (segment), M memory, K = M + Q keys, D head width.
+Shapes, in modeling_txl.py's legend: B batch, H heads, Q queries (segment), M memory, K = M + Q keys, D head width.
 """
 
 from __future__ import annotations

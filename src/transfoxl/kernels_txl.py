@@ -24,7 +24,8 @@ Tensors only: nothing here knows the model's modules or config. It imports torch
 modules (`checks_txl`, `cpp_kernels_txl`), relatively, so `save_pretrained` copies it with them into a model folder
 beside `modeling_txl.py` for `trust_remote_code=True`.
 
-Shapes: B batch, H heads, Q queries (segment), K keys (memory + segment), D head width, N rows (tokens), E width.
+Shapes, in modeling_txl.py's legend: B batch, H heads, Q queries (segment), M memory, K = M + Q keys, D head width,
+N rows (tokens), E width; and C the queries of one block (`relative_attention_by_query_blocks`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ inference each layer's memory also keeps the keys and values it projected from t
 only that token. `SlidingWindow` is the storage both use: appending writes into free room instead of copying.
 
 This file imports torch and transformers alone: `save_pretrained` copies it into a model folder beside
-`modeling_txl.py`. Shapes: B batch, M memory length, Q segment length, E width, H heads, D head width.
+`modeling_txl.py`. Shapes, in its legend: B batch, M memory length, Q segment length, E width, H heads, D head width.
 """
 
 from __future__ import annotations
