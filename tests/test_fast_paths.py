@@ -1797,6 +1797,19 @@ def test_generate_continues_a_memory_through_a_compiled_forward_as_one_longer_ca
     torch.testing.assert_close(more, expected, rtol=0, atol=0)
 
 
+def test_an_announced_forward_cut_short_leaves_nothing_to_count_later(one_thread):
+    """A forward that fails puts the memory back (`restore_state`), its announced tokens with it: a later forward
+    traced outside generate() leaves the count unknown, not the stale announcement's."""
+    model, ids = tiny_lm(mem_len=32).eval(), covering_ids(97, batch=1, length=6)
+    memory = _memory_of(model(ids, past_key_values=model.transformer.empty_memory()))
+    memory.expect_tokens(ids, batch=1, q_len=6, device=ids.device)
+    with pytest.raises(ValueError):
+        model(ids, past_key_values=memory, attention_mask=torch.ones(1, 99))
+    memory.seen_tokens = None  # (as a compiled forward outside generate() leaves it)
+    memory.settle_tokens()
+    assert memory.seen_tokens is None
+
+
 def test_generate_warns_when_a_compiled_forward_outside_it_left_the_count_unknown(one_thread, caplog):
     ids = covering_ids(97, batch=1, length=9)
     model = tiny_lm(mem_len=32).eval()

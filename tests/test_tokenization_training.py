@@ -484,7 +484,7 @@ def test_train_tokenizer_script_says_which_dataset_it_could_not_build(
     assert "Traceback" not in err and not (tmp_path / "tok").exists()
 
 
-@pytest.mark.parametrize("kind", ["char", "word", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "word"])
 def test_train_tokenizer_reads_lines_with_or_without_their_newline_alike(corpus, kind) -> None:
     # train.py trains on datasets' rows (no newline), train_tokenizer.py on a file's lines (with): one vocabulary.
     lines = corpus.splitlines()

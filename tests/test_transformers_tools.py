@@ -335,6 +335,11 @@ def test_training_returns_no_logits_unless_asked(lm):
     lm.config.return_logits = True  # (for code that reads them in every step: a metric in Trainer.compute_loss)
     assert lm(ids, labels=ids).logits.shape == (2, 6, lm.config.vocab_size)
     assert lm(ids, labels=ids, return_logits=False).logits is None
+    lm.config.return_logits = False  # (as None: it never turns them off where they are returned)
+    assert lm(ids, labels=ids).logits is None
+    with torch.no_grad():
+        assert lm(ids, labels=ids, return_dict=False)[1].shape == (2, 6, lm.config.vocab_size)
+    assert lm.eval().generate(ids[:1], max_new_tokens=2).shape == (1, 8)
 
 
 def test_trainer_trains_the_classification_head(tmp_path, one_thread):
@@ -727,6 +732,17 @@ def test_generate_takes_what_gpt2s_takes_for_lengths_and_a_dynamic_cache():
     expected = model.generate(ids, max_new_tokens=3, do_sample=False)
     for settings in ({"max_new_tokens": 3.0}, {"max_new_tokens": torch.tensor(3), "cache_implementation": "dynamic"}):
         assert torch.equal(model.generate(ids, do_sample=False, **settings), expected)
+    # transformers' own processors and beam search take them too once they are ints (GPT-2's fail on 2.0 and 3.0)
+    beams = model.generate(ids, max_new_tokens=3, num_beams=2, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=3.0, num_beams=2, do_sample=False), beams)
+    at_least = model.generate(ids, max_new_tokens=3, min_new_tokens=2, eos_token_id=int(expected[0, 5]))
+    assert torch.equal(
+        model.generate(ids, max_new_tokens=3, min_new_tokens=2.0, eos_token_id=int(expected[0, 5])), at_least
+    )
+    memory = model.transformer.empty_memory()  # ("dynamic" with a memory of the caller's: transformers refused both)
+    with memory.input_is_new():
+        model.generate(ids, past_key_values=memory, max_new_tokens=3, do_sample=False, cache_implementation="dynamic")
+    assert memory.seen_tokens == 5 + 2
     with pytest.raises(ValueError, match=r"max_new_tokens must be an integer, got 2\.5"):
         model.generate(ids, max_new_tokens=2.5)
 

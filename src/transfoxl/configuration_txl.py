@@ -112,10 +112,11 @@ class TxlConfig(PreTrainedConfig):
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether forward returns the updated memory as `past_key_values`.
         return_logits (`bool`, *optional*):
-            Whether `TxlForCausalLM.forward` returns `logits` when its `return_logits` argument is not given. None
-            (the default): always, except in a training step (a loss computed with gradients in train mode), which
-            computes only the clusters of the adaptive softmax that hold a target. True: in training steps too,
-            for code that reads `outputs.logits` there (a metric or a distillation loss in `compute_loss`).
+            True: `TxlForCausalLM.forward` returns `logits` in training steps too (a loss computed with gradients in
+            train mode), unless its `return_logits` argument says otherwise: for code that reads `outputs.logits`
+            there (a metric or a distillation loss in `compute_loss`). None or False (the default): a training step
+            computes only the clusters of the adaptive softmax that hold a target, and every other call returns
+            logits.
         eos_token_id (`int`, *optional*):
             End-of-sequence id (`<eos>` ends every line in Transformer-XL corpora); generation stops on it. v4's
             default was 0, which `TransfoXLConfig` keeps.
@@ -191,6 +192,7 @@ class TxlConfig(PreTrainedConfig):
         self.tie_word_embeddings = True if self.tie_word_embeddings is None else bool(self.tie_word_embeddings)
         if self.return_logits is not None and not is_flag(self.return_logits):
             raise ValueError(f"TxlConfig: `return_logits` must be a bool or None, got {self.return_logits!r}.")
+        self.return_logits = None if self.return_logits is None else bool(self.return_logits)
         cutoffs = self.cutoffs
         self.cutoffs = [] if cutoffs is None else list(cutoffs) if _is_sequence(cutoffs) else cutoffs
         self.tie_projs = list(self.tie_projs) if _is_sequence(self.tie_projs) else self.tie_projs

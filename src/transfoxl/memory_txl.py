@@ -605,6 +605,7 @@ class TxlMemory(Cache):
 
     def restore_state(self, state: tuple) -> None:
         layers, padding, token_ids, self.seen_tokens = state
+        self._expected = None  # (the forward it announced was cut short)
         for layer, layer_state in zip(self.layers, layers):
             layer.restore_state(layer_state)
         self._padding.restore(padding)

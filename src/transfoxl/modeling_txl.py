@@ -1820,8 +1820,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             losses = losses.view(batch, q_len)
             loss = self._reduce_loss(losses, targets, num_items_in_batch)
 
-        if return_logits is None:
-            return_logits = self.config.return_logits
+        if return_logits is None and self.config.return_logits:  # (the config only turns them on in training steps)
+            return_logits = True
         if return_logits is None:  # the [B, Q, V] log-probabilities cost a training step more than the loss
             training_step = self.training and torch.is_grad_enabled() and hidden_states.requires_grad
             # (A tuple keeps them: without, every later entry would move to the place a causal LM's logits take.)
@@ -1985,6 +1985,11 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
         check_generation_settings(setting, self.adaptive_softmax.bounds[-1])
+        for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):  # 3.0, tensor(3): as 3
+            if (value := setting(name)) is not None and not isinstance(value, int):
+                kwargs[name] = int(value)
+        if setting("cache_implementation") == "dynamic":  # (a cache that grows: the memory is one, passed or made)
+            kwargs["cache_implementation"] = None
         if setting("stop_strings") and kwargs.get("tokenizer") is not None:
             check_stop_strings_tokenizer(kwargs["tokenizer"])
         if setting("repetition_penalty") not in (None, 1.0):
@@ -2000,7 +2005,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             _check_memory_type(memory, other)
             kwargs[_CACHE_KWARG] = memory
         _check_memory_type(kwargs.get(_CACHE_KWARG), _CACHE_KWARG)  # (before transformers: its message is its own)
-        return super().generate(inputs, *args, **kwargs)
+        try:
+            return super().generate(inputs, *args, **kwargs)
+        finally:
+            # A call cut short between announcing a forward's tokens and counting them leaves nothing to count later.
+            if (memory := kwargs.get(_CACHE_KWARG)) is not None:
+                memory.settle_tokens()
 
 
 class TxlForSequenceClassification(TxlPreTrainedModel):

@@ -1022,7 +1022,7 @@ class Trainer:
             rows = slice(number * self.group_rows, (number + 1) * self.group_rows)
             last = number == len(self.memories) - 1
             with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                output = model(inputs[rows], past_key_values=memory, shift_labels=targets[rows])
+                output = model(inputs[rows], past_key_values=memory, shift_labels=targets[rows], return_logits=False)
                 accelerator.backward(output.loss / len(self.memories))
             step_loss += output.loss.detach() / len(self.memories)
         step_loss = accelerator.reduce(step_loss, reduction="mean")

@@ -671,7 +671,8 @@ def train_tokenizer(
     lower_case: bool = False,
     progress: Any = None,
 ) -> PreTrainedTokenizerFast:
-    """Train a tokenizer of `kind` on `texts` (each a line, its newline optional), as the command lines do: "char"
+    """Train a tokenizer of `kind` on `texts` (each a line; char and word count it the same with or without its
+    newline, while a BPE learns merges of the newlines it is given), as the command lines do: "char"
     (`train_char_level`), "word" (`train_word_level`; `lower_case`) or "bpe" (`train_byte_level_bpe`, of
     `BPE_VOCAB_SIZE` tokens unless `vocab_size` says). `vocab_size`: bpe, the vocabulary's size (its 256 bytes and
     specials included); word, char: the most words / characters kept besides the special tokens (and char's
