@@ -535,13 +535,3 @@ def test_batches_are_copies_not_views_of_the_stream():
     stream[8] = 999
     assert batcher[1][0].tolist() == [[4, 5, 6, 7]]
     assert batcher[2][0].tolist() == [[8, 9, 10, 11]]
-
-
-def test_the_command_lines_default_validation_fraction_is_load_corpus_own() -> None:
-    # The command lines keep a copy so that their --help need not import datasets; a change to one must reach both.
-    import inspect
-
-    from transfoxl.cli.options import DEFAULT_VALIDATION_FRACTION
-    from transfoxl.data import load_corpus
-
-    assert inspect.signature(load_corpus).parameters["validation_fraction"].default == DEFAULT_VALIDATION_FRACTION

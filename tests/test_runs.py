@@ -11,6 +11,7 @@ import pytest
 
 from transfoxl.runs import (
     CHECKPOINT_NAME,
+    DEFAULT_VALIDATION_FRACTION,
     RunFolder,
     RunFolderError,
     checkpoint_name,
@@ -117,3 +118,23 @@ def test_eval_files_are_plain_visible_files_of_the_given_suffixes(tmp_path: Path
     names = [path.name for path in run.eval_files()]
     assert names == ["eval-test.json", "eval-test.md", "eval-test.png"]
     assert [path.name for path in run.eval_files((".json",))] == ["eval-test.json"]
+
+
+def test_the_data_source_is_the_given_one_else_the_runs_else_the_built_in_corpus(tmp_path: Path) -> None:
+    run = RunFolder(tmp_path / "run")
+    default = run.data_source()  # no train_args.json
+    assert (default.text_files, default.dataset_name, default.origin) == (None, None, "default")
+    assert default.validation_fraction == DEFAULT_VALIDATION_FRACTION and default.add_eos
+    train = tmp_path / "train.txt"
+    train.write_text("a b\n", encoding="utf-8")
+    run.path.mkdir()
+    run.write_train_args({"train_file": [str(train)], "validation_fraction": 0.2, "add_eos": False})
+    own = run.data_source(cache_dir="cache")  # (not a source: it adjusts the run's)
+    assert own.text_files == {"train": [str(train)]} and own.origin == str(run.train_args_path)
+    assert (own.validation_fraction, own.add_eos, own.cache_dir) == (0.2, False, "cache")
+    given = run.data_source(dataset_name="some/dataset")
+    assert given.text_files is None and given.dataset_name == "some/dataset" and given.origin == "the command line"
+    assert given.add_eos is False  # (the model learned its line ends so)
+    train.unlink()
+    with pytest.raises(RunFolderError, match=r"names the text file .*train.txt, which does not exist \(here\)"):
+        run.data_source()

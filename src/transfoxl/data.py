@@ -39,6 +39,7 @@ import torch
 
 from .batching import StreamBatcher
 from .files import write_text_atomically
+from .runs import DEFAULT_VALIDATION_FRACTION
 
 __all__ = [
     "BUILTIN_SPLITS",
@@ -261,7 +262,7 @@ def load_corpus(
     dataset_config: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     *,
-    validation_fraction: float = 0.05,
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
 ) -> datasets.DatasetDict:
     """Load a text corpus as a `DatasetDict` with a "train" and a "validation" split (others kept), column "text".
 

@@ -23,7 +23,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .checkpoints import hub_snapshot_of, is_hub_repo_id
-from .runs import TEXT_FILE_OPTIONS
+from .runs import text_files_of
 
 __all__ = ["PAPER", "TAGS", "DataSource", "card_for_conversion", "card_for_run", "eval_results", "format_number"]
 
@@ -106,12 +106,7 @@ class DataSource:
             return None
         if train_args.get("dataset_name"):
             return cls("hub", dataset_id=train_args["dataset_name"], dataset_config=train_args.get("dataset_config"))
-        files = {}
-        for split, option in TEXT_FILE_OPTIONS.items():
-            names = train_args.get(option)
-            if names:
-                files[split] = [str(name) for name in ([names] if isinstance(names, str) else names)]
-        if files:
+        if files := text_files_of(train_args):
             return cls("files", file_names=files)
         return cls("builtin")
 

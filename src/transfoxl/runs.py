@@ -31,17 +31,20 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .files import write_json_atomically
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "DEFAULT_VALIDATION_FRACTION",
+    "DataSource",
     "RunFolder",
     "RunFolderError",
     "checkpoint_name",
     "complete_checkpoints",
     "read_json_object",
+    "text_files_of",
 ]
 
 CONFIG = "config.json"
@@ -64,6 +67,8 @@ WEIGHT_FILES = (
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # The train_args.json keys naming the text files of each split.
 TEXT_FILE_OPTIONS = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
+# The share of the "train" rows cut off as "validation" where a corpus has no such split (`load_corpus`' default).
+DEFAULT_VALIDATION_FRACTION = 0.05
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})$")
 # What a killed writer may leave behind (files.py and the checkpoint writer): hidden staging and trash folders,
 # hidden temporary files.
@@ -102,6 +107,38 @@ def complete_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
         if CHECKPOINT_NAME.match(path.name) and path.is_dir() and (path / TRAINER_STATE).is_file()
     ]
     return sorted(found, key=lambda path: path.name)
+
+
+def text_files_of(train_args: dict[str, Any]) -> dict[str, list[str]]:
+    """The text files a run's options name, `{split: [path, ...]}` for the splits they name (a path or a list)."""
+    files = {}
+    for split, option in TEXT_FILE_OPTIONS.items():
+        value = train_args.get(option)
+        if value:
+            files[split] = [str(value)] if isinstance(value, str) else [str(path) for path in value]
+    return files
+
+
+class DataSource(NamedTuple):
+    """Where a text comes from: the arguments of `transfoxl.data.load_corpus` and `tokenize_corpus`, and whence they
+    were taken (`RunFolder.data_source`; `_asdict()` goes into an evaluation's report)."""
+
+    text_files: dict[str, list[str]] | None
+    dataset_name: str | None
+    dataset_config: str | None
+    validation_fraction: float
+    cache_dir: str | None
+    add_eos: bool
+    origin: str  # "the command line", "<run>/train_args.json" or "default"
+
+    def describe(self) -> str:
+        if self.text_files is not None:
+            what = "text files " + ", ".join(f"{split}: {paths}" for split, paths in self.text_files.items())
+        elif self.dataset_name is not None:
+            what = f"dataset {self.dataset_name}" + (f" ({self.dataset_config})" if self.dataset_config else "")
+        else:
+            what = "the built-in corpus"
+        return f"{what} (from {self.origin})"
 
 
 class RunFolder:
@@ -179,13 +216,54 @@ class RunFolder:
     def text_files(self) -> dict[str, list[str]]:
         """The text files the run read, `{split: [path, ...]}` for the splits it named (empty: the built-in corpus
         or a Hub dataset, see `train_args["dataset_name"]`)."""
-        train_args = self.train_args or {}
-        files = {}
-        for split, option in TEXT_FILE_OPTIONS.items():
-            value = train_args.get(option)
-            if value:
-                files[split] = [str(value)] if isinstance(value, str) else [str(path) for path in value]
-        return files
+        return text_files_of(self.train_args or {})
+
+    def data_source(
+        self,
+        *,
+        text_files: dict[str, list[str]] | None = None,
+        dataset_name: str | None = None,
+        dataset_config: str | None = None,
+        validation_fraction: float | None = None,
+        cache_dir: str | None = None,
+        add_eos: bool | None = None,
+        given_by: str = "the command line",
+    ) -> DataSource:
+        """The text to read: the one given (`text_files` `{split: [path, ...]}` or `dataset_name`); else the one this
+        run trained on (train_args.json); else the built-in corpus. `validation_fraction`, `cache_dir` and `add_eos`
+        are not sources: given alone they adjust the run's source rather than replace it (a run's `add_eos` applies to
+        any text, as the model learned its line ends). `given_by` names where the given source came from. Raises
+        `RunFolderError` for a train_args.json that is not a JSON object, or that names a text file not here."""
+        run = self.train_args or {}
+        run_files = self.text_files()
+        run_fraction = None
+        if text_files or dataset_name is not None:
+            origin = given_by
+        elif run_files or run.get("dataset_name"):
+            origin = str(self.train_args_path)
+            text_files, dataset_name, dataset_config = (
+                run_files or None,
+                run.get("dataset_name"),
+                run.get("dataset_config"),
+            )
+            for paths in run_files.values():
+                for path in paths:
+                    if not Path(path).is_file():
+                        raise RunFolderError(f"{origin} names the text file {path}, which does not exist (here)")
+            run_fraction = run.get("validation_fraction")
+        else:
+            origin, text_files, dataset_name, dataset_config = "default", None, None, None
+        if validation_fraction is None:
+            validation_fraction = float(run_fraction) if run_fraction is not None else DEFAULT_VALIDATION_FRACTION
+        return DataSource(
+            text_files or None,
+            dataset_name,
+            dataset_config,
+            validation_fraction,
+            cache_dir if cache_dir is not None else run.get("cache_dir"),
+            add_eos if add_eos is not None else bool(run.get("add_eos", True)),
+            origin,
+        )
 
     def write_train_args(self, train_args: dict[str, Any]) -> None:
         write_json_atomically(self.train_args_path, train_args)

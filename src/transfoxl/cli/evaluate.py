@@ -62,9 +62,8 @@ from ..data import (
 )
 from ..evaluation import evaluate_memory_lengths, is_character_level, memory_lengths_plot, memory_lengths_table
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
-from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, RunFolder, RunFolderError
+from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, DataSource, RunFolder, RunFolderError
 from .options import (
-    DEFAULT_VALIDATION_FRACTION,
     add_corpus_options,
     library_progress_bars,
     name_argument,
@@ -257,70 +256,24 @@ def load_config(parser: argparse.ArgumentParser, model_dir: Path) -> Any:
 # The text
 
 
-class DataSource(NamedTuple):
-    """Where the text comes from: the arguments of `load_corpus` and `tokenize_corpus`, and whence they were taken
-    (`_asdict()` goes into the report)."""
-
-    text_files: dict[str, list[str]] | None
-    dataset_name: str | None
-    dataset_config: str | None
-    validation_fraction: float
-    cache_dir: str | None
-    add_eos: bool
-    origin: str  # "the command line", "<MODEL_DIR>/train_args.json" or "default"
-
-    def describe(self) -> str:
-        if self.text_files is not None:
-            what = "text files " + ", ".join(f"{split}: {paths}" for split, paths in self.text_files.items())
-        elif self.dataset_name is not None:
-            what = f"dataset {self.dataset_name}" + (f" ({self.dataset_config})" if self.dataset_config else "")
-        else:
-            what = "the built-in corpus"
-        return f"{what} (from {self.origin})"
-
-
 def resolve_data_source(
     parser: argparse.ArgumentParser, args: argparse.Namespace, run_folder: RunFolder
 ) -> DataSource:
-    """The command line's source; else the training run's (`run_folder`'s train_args.json); else the built-in corpus.
-
-    `--validation-fraction`, `--cache-dir` and `--add-eos` are not sources: given alone they adjust the training run's
-    source rather than replace it. A run's `add_eos` applies to any text, as the model learned its line ends.
-    """
+    """The command line's source; else the training run's (`RunFolder.data_source`); else the built-in corpus."""
+    text_files = {split: getattr(args, f"{split}_file") for split in TEXT_FILE_OPTIONS}
+    text_files = {split: [str(path) for path in paths] for split, paths in text_files.items() if paths is not None}
     try:
-        run = run_folder.train_args or {}
-        run_files = run_folder.text_files()
-    except RunFolderError as error:
-        parser.error(str(error))
-    cli_files = {split: getattr(args, f"{split}_file") for split in TEXT_FILE_OPTIONS}
-    cli_files = {split: [str(path) for path in paths] for split, paths in cli_files.items() if paths is not None}
-    run_fraction = None
-    if cli_files or args.dataset_name is not None:
-        origin = "the command line"
-        text_files, dataset_name, dataset_config = cli_files or None, args.dataset_name, args.dataset_config
-    elif run_files or run.get("dataset_name"):
-        origin = str(run_folder.train_args_path)
-        text_files, dataset_name, dataset_config = (
-            run_files or None,
-            run.get("dataset_name"),
-            run.get("dataset_config"),
+        return run_folder.data_source(
+            text_files=text_files or None,
+            dataset_name=args.dataset_name,
+            dataset_config=args.dataset_config,
+            validation_fraction=args.validation_fraction,
+            cache_dir=args.cache_dir,
+            add_eos=args.add_eos,
         )
-        for paths in run_files.values():
-            for path in paths:
-                if not Path(path).is_file():
-                    parser.error(
-                        f"{origin} names the text file {path}, which does not exist (here); pass the data options "
-                        "(--train-file / --validation-file / --test-file) yourself"
-                    )
-        run_fraction = run.get("validation_fraction")
-    else:
-        origin, text_files, dataset_name, dataset_config = "default", None, None, None
-    fraction = args.validation_fraction
-    if fraction is None:
-        fraction = float(run_fraction) if run_fraction is not None else DEFAULT_VALIDATION_FRACTION
-    cache_dir = args.cache_dir if args.cache_dir is not None else run.get("cache_dir")
-    add_eos = args.add_eos if args.add_eos is not None else bool(run.get("add_eos", True))
-    return DataSource(text_files, dataset_name, dataset_config, fraction, cache_dir, add_eos, origin)
+    except RunFolderError as error:
+        hint = "; pass the data options (--train-file / --validation-file / --test-file) yourself"
+        parser.error(f"{error}{hint if 'does not exist' in str(error) else ''}")
 
 
 def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str, tokenizer: Any) -> torch.Tensor:

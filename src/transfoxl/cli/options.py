@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-DEFAULT_VALIDATION_FRACTION = 0.05  # transfoxl.data.load_corpus's default
+from ..runs import DEFAULT_VALIDATION_FRACTION
+
 SPLIT_FILE_HELP = {
     "train": "training file(s): plain text, one row per line; .json/.jsonl/.csv: each record's text field",
     "validation": "validation file(s), of the training files' kind (plain text, or .json/.jsonl/.csv)",
