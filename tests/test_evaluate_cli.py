@@ -163,6 +163,43 @@ def test_defaults_from_the_config_and_train_args(
     assert (model_dir / "eval" / "eval-validation.png").is_file()
 
 
+def test_the_batch_size_defaults_to_the_columns_the_run_evaluated_with(
+    evaluate: ModuleType, run: Run, tmp_path: Path
+) -> None:
+    """A run folder's own figures come back without options: its final evaluation's columns (metrics.json, which a
+    resumed run's setting reaches), else train_args.json's --eval-batch-size; 1 for a plain model folder."""
+    model_dir = copy_model_dir(run, tmp_path)
+    argv = [str(model_dir), "--split", "test", *run.data_args("train", "test")]
+    train_args = {"eval_batch_size": 3}
+    (model_dir / "train_args.json").write_text(json.dumps(train_args), encoding="utf-8")
+    for metrics, columns in ((None, 3), ({"evaluation": {"test": {"8": {"batch_size": 2}}}}, 2)):
+        if metrics is not None:
+            (model_dir / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+        assert evaluate.main(argv) == 0
+        report = json.loads((model_dir / "eval" / "eval-test.json").read_text(encoding="utf-8"))
+        assert report["settings"]["batch_size"] == columns
+        stream, expected = reference(
+            model_dir, run.texts["test"], tgt_len=TGT_LEN, mem_len=MEM_LEN, batch_size=columns
+        )
+        assert report["rows"][0]["num_targets"] == expected["num_targets"] < stream.numel() - 1
+    assert (
+        evaluate.main(
+            [
+                str(run.model_dir),
+                "--split",
+                "test",
+                *run.data_args("train", "test"),
+                "--output",
+                str(tmp_path / "plain"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        json.loads((tmp_path / "plain" / "eval-test.json").read_text(encoding="utf-8"))["settings"]["batch_size"] == 1
+    )
+
+
 def test_batch_size_max_tokens_and_eval_overrides(
     evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

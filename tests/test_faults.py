@@ -159,6 +159,27 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
 
 @pytest.mark.reliability(
     "training",
+    "the loss becomes NaN at step 1 of a new run, before any checkpoint",
+    "stops naming the step and --lr; the run's options and tokenizer are taken back, so the corrected command runs "
+    "in the same --output-dir",
+)
+def test_a_nan_before_any_checkpoint_leaves_the_output_dir_to_the_corrected_command(
+    text_files, tmp_path, monkeypatch, record_property
+):
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        inject_in_training_forward(patch, {1}, nan_loss)
+        message = stopped(text_files, out, "--steps", "2", "--lr", "1e-3")
+    record_property("outcome", message)
+    assert message.startswith("Stopped at step 1 of 2: the training loss is nan.")
+    assert "none was written yet, so this run's options and tokenizer were taken back" in message
+    assert "remove what is left" not in message
+    train(text_files, out, "--steps", "2", "--lr", "5e-4")  # (the corrected command: another --lr)
+    assert (out / "metrics.json").is_file()
+
+
+@pytest.mark.reliability(
+    "training",
     "an infinite gradient at step 2 while the loss is finite (the norm becomes NaN)",
     "stops before the update with a message naming the step and the gradient norm; the newest checkpoint is step 1",
 )

@@ -805,8 +805,17 @@ def test_fine_tuning_a_converted_v4_model_learns_writes_a_run_folder_and_resumes
     hf_names = ["--model_name_or_path", str(converted_model), "--train_file", str(word_files["train"])]
     hf_names += ["--validation_file", str(word_files["validation"]), "--max_train_steps", "20"]
     hf_names += ["--per_device_train_batch_size", "8", "--learning_rate", "1e-2", "--output_dir", str(out)]
+    hf_names += ["--weight_decay", "0.01", "--lr_scheduler_type", "linear", "--num_warmup_steps", "2"]
+    hf_names += ["--report_to", "none"]
     assert train_cli.main([*hf_names, *common]) == 0
     assert f"fine-tuned from {converted_model}" in capsys.readouterr().out
+    options = json.loads((out / "train_args.json").read_text(encoding="utf-8"))
+    assert [options[name] for name in ("weight_decay", "scheduler", "warmup_steps", "report_to")] == [
+        0.01,
+        "linear",
+        2,
+        "none",
+    ]
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
 
     losses = [row["loss"] for row in metrics["history"]["train"]]

@@ -210,11 +210,13 @@ def evaluation_values(metrics: dict[str, Any], unit: str, files: Sequence[str]) 
                     str(row.get("tgt_len")),
                 ]
             )
-            settings.add((row.get("clamp_len"), row.get("same_length")))
+            settings.add((row.get("clamp_len"), row.get("same_length"), row.get("batch_size")))
     settings_line = ""
     if len(settings) == 1:  # one line when every evaluation used the same settings (each row holds them)
-        clamp_len, same_length = settings.pop()
+        clamp_len, same_length, batch_size = settings.pop()
         settings_line = f"clamp_len {clamp_len}, same_length {same_length}"
+        if batch_size is not None:  # (runs from before it was recorded do not say)
+            settings_line += f", {batch_size} column{'s' if batch_size != 1 else ''} (`--batch-size` of evaluate.py)"
     return {
         "unit": unit_name(unit),
         "rows": rows,

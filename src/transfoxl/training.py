@@ -1072,10 +1072,21 @@ class Trainer:
             hints.append("gradient clipping (--max-grad-norm 0.25)")
         if args.mixed_precision != "no":
             hints.append("fp32 (--mixed-precision no)")
-        return (
+        stopped = (
             f"Stopped at step {step} of {args.steps}: {what}. The optimizer did not apply it, so no weight and no "
-            f"checkpoint holds it; the latest complete checkpoint, {latest or 'none (none written yet)'}, is the last "
-            f"good state. Start again with {' or '.join(hints)}, or skip such steps: --resume "
+        )
+        if latest is None and self.run.new_run:
+            # Nothing to resume: a new run's options would only refuse the corrected command (--lr differs).
+            if self.accelerator.is_main_process:
+                self.run.discard_new_run()
+            kept = "" if self.run.is_empty() else f" (remove what is left in {self.run.path} first)"
+            return (
+                f"{stopped}checkpoint holds it; none was written yet, so this run's options and tokenizer were taken "
+                f"back: run the command again with {' or '.join(hints)}{kept}."
+            )
+        return (
+            f"{stopped}checkpoint holds it; the latest complete checkpoint, {latest or 'none (none written yet)'}, is "
+            f"the last good state. Start again with {' or '.join(hints)}, or skip such steps: --resume "
             f"--skip-nonfinite-steps N."
         )
 
@@ -1160,7 +1171,8 @@ class Trainer:
                 progress=f"{split}, memory {mem_len}" if show else False,
                 **options,
             )
-            results[split][str(mem_len)] = result.to_dict()
+            # (the layout too: a resumed run may have set another, and evaluate.py must read the same columns)
+            results[split][str(mem_len)] = {**result.to_dict(), "batch_size": args.eval_batch_size}
         return results
 
     def write_results(self, results: dict[str, dict[str, Any]], started: float) -> None:
@@ -1187,8 +1199,9 @@ class Trainer:
     def print_table(self, results: dict[str, dict[str, Any]]) -> None:
         args, unit = self.args, self.unit
         cap = f"; at most about {args.max_eval_tokens:,} targets per split" if args.max_eval_tokens else ""
+        columns = f"{args.eval_batch_size} columns" if args.eval_batch_size > 1 else "one stream"
         table = [
-            f"\n{unit} with memory (segments of {args.eval_tgt_len}{cap}):",
+            f"\n{unit} with memory ({columns}, segments of {args.eval_tgt_len}{cap}):",
             f"  {'split':<11} {'memory':>7} {unit:>10}",
         ]
         for split, rows in results.items():

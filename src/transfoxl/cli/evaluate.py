@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument(
         "--batch-size",
         type=int,
-        default=1,
-        help="contiguous columns read in parallel; 1 scores every token but the first (default: %(default)s)",
+        default=None,
+        help="contiguous columns read in parallel; 1 scores every token but the first (default: a run folder's "
+        "--eval-batch-size, so that its own figures are reproduced; else 1)",
     )
     evaluation.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     evaluation.add_argument(
@@ -179,7 +180,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Errors that need nothing loaded: numbers out of range, files that do not exist, clashing options."""
     if args.tgt_len is not None and args.tgt_len < 1:
         parser.error(f"--tgt-len must be >= 1, got {args.tgt_len}")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.max_tokens is not None and args.max_tokens < 2:
         parser.error(f"--max-tokens must be >= 2 (one input and one target), got {args.max_tokens}")
@@ -324,8 +325,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_evaluation(parser, args)
 
 
+def run_eval_batch_size(run: RunFolder) -> int:
+    """The columns a training run evaluated with: its metrics.json's (what its final evaluation used, a resumed run's
+    setting included), else its train_args.json's eval_batch_size, else 1."""
+    try:
+        rows = [row for split in ((run.metrics or {}).get("evaluation") or {}).values() for row in split.values()]
+        value = rows[0].get("batch_size") if rows else None
+        if value is None:
+            value = (run.train_args or {}).get("eval_batch_size")
+    except (RunFolderError, AttributeError):  # (a damaged file: said where the data source is read)
+        value = None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
 class Settings(NamedTuple):
-    """How the stream is read: the command line's values, else the model config's."""
+    """How the stream is read: the command line's values, else the model config's (the batch size: else the
+    training run's evaluation batch size, else 1)."""
 
     tgt_len: int
     mem_lens: list[int]
@@ -334,14 +349,14 @@ class Settings(NamedTuple):
     batch_size: int
 
     @classmethod
-    def resolve(cls, args: argparse.Namespace, config: TxlConfig) -> Settings:
+    def resolve(cls, args: argparse.Namespace, config: TxlConfig, run: RunFolder) -> Settings:
         tgt_len = args.tgt_len if args.tgt_len is not None else (getattr(config, "tgt_len", None) or DEFAULT_TGT_LEN)
         return cls(
             tgt_len=tgt_len,
             mem_lens=args.mem_len if args.mem_len is not None else [config.mem_len],
             clamp_len=args.clamp_len if args.clamp_len is not None else config.clamp_len,
             same_length=args.same_length if args.same_length is not None else bool(config.same_length),
-            batch_size=args.batch_size,
+            batch_size=args.batch_size if args.batch_size is not None else run_eval_batch_size(run),
         )
 
 
@@ -354,7 +369,7 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     config = load_config(parser, run.path)
     tokenizer = load_tokenizer(parser, args)
     check_tokenizer_size(parser, args, tokenizer, config)
-    settings = Settings.resolve(args, config)
+    settings = Settings.resolve(args, config, run)
     unit = "bpc" if is_character_level(tokenizer) else "bits/token"
 
     source = resolve_data_source(parser, args, run)
@@ -368,7 +383,7 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             f"{config.vocab_size}; pass the tokenizer the model was trained with (--tokenizer)"
         )
     try:
-        batcher = StreamBatcher(stream, args.batch_size, settings.tgt_len, device=device)
+        batcher = StreamBatcher(stream, settings.batch_size, settings.tgt_len, device=device)
     except ValueError as error:
         hint = " (after --max-tokens)" if args.max_tokens is not None else ""
         parser.error(f"--split {args.split}{hint}: {error}")
@@ -387,7 +402,7 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             f"vocabulary): the {unit} below says little about the text; is it the kind of text the model learned?"
         )
     print(
-        f"settings: tgt_len {settings.tgt_len}, batch size {args.batch_size}, clamp_len {settings.clamp_len}, "
+        f"settings: tgt_len {settings.tgt_len}, batch size {settings.batch_size}, clamp_len {settings.clamp_len}, "
         f"same_length {settings.same_length}, memory lengths {settings.mem_lens}; {device}, {args.dtype}"
     )
     rows = evaluate_memory_lengths(

@@ -14,7 +14,8 @@ same way (the model named by `--model-name-or-path` must still be there).
 
 The option names of transformers' `run_clm_no_trainer.py` are accepted too (`--model_name_or_path`, `--output_dir`,
 `--learning_rate`, `--train_file`, `--validation_file`, `--dataset_name`, `--dataset_config_name`,
-`--max_train_steps`, `--per_device_train_batch_size`, `--gradient_accumulation_steps`, `--seed`); as there,
+`--max_train_steps`, `--per_device_train_batch_size`, `--gradient_accumulation_steps`, `--weight_decay`,
+`--lr_scheduler_type`, `--num_warmup_steps`, `--report_to`, `--seed`); as there,
 `--per_device_train_batch_size` counts the columns of one accumulation group of one process.
 
 The final evaluation scores every split whole, except with `--max-eval-tokens N` (the tiny preset's default: 65,536),
@@ -189,12 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps (one segment of every column each)",
     )
     train.add_argument("--lr", "--learning_rate", type=float, default=None, help="peak learning rate (AdamW)")
-    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (matrices only)")
+    train.add_argument(
+        "--weight-decay", "--weight_decay", type=float, default=0.0, help="AdamW weight decay (matrices only)"
+    )
     train.add_argument("--adam-beta1", type=float, default=0.9)
     train.add_argument("--adam-beta2", type=float, default=0.999)
     train.add_argument("--adam-eps", type=float, default=1e-8)
-    train.add_argument("--scheduler", choices=SCHEDULERS, default="cosine", help="transformers' schedulers")
-    train.add_argument("--warmup-steps", type=int, default=None)
+    train.add_argument(
+        "--scheduler", "--lr_scheduler_type", choices=SCHEDULERS, default="cosine", help="transformers' schedulers"
+    )
+    train.add_argument("--warmup-steps", "--num_warmup_steps", type=int, default=None)
     train.add_argument("--max-grad-norm", type=float, default=0.25, help="gradient clipping (0: none)")
     train.add_argument(
         "--skip-nonfinite-steps",
@@ -262,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--log-every", type=int, default=10, help="steps between history entries")
     output.add_argument(
         "--report-to",
+        "--report_to",
         choices=("auto", "none", "tensorboard"),
         default="auto",
         help="where the training curves also go (auto: tensorboard when it is installed, else none)",
