@@ -168,8 +168,14 @@ def test_resume_refuses_changed_options_and_a_used_folder_needs_resume(text_file
     run(text_files, out, "--steps", "4", "--sample-len", "0")
     with pytest.raises(SystemExit, match="exists and is not empty"):
         run(text_files, out, "--steps", "4")
-    with pytest.raises(SystemExit, match=r"--lr: the run has 0\.003, now 0\.001"):
+    with pytest.raises(SystemExit, match=r"--lr: the run has 0\.003, now 0\.001") as refused:
         run(text_files, out, "--steps", "4", "--lr", "0.001", "--resume")
+    assert "fine-tune it" not in str(refused.value.code)
+    more = (
+        r"--steps: the run has 4, now 8\nGive .* To train a finished run further, fine-tune it: --model-name-or-path"
+    )
+    with pytest.raises(SystemExit, match=more):  # (the run is finished: more steps are a fine-tune)
+        run(text_files, out, "--steps", "8", "--resume")
     other = tmp_path / "not-a-run"
     other.mkdir()
     (other / "notes.txt").write_text("mine\n")

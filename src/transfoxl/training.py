@@ -197,11 +197,17 @@ def check_resumable(run: RunFolder, args: argparse.Namespace, option_defaults: d
             "off for validation, so this changes what it trains on"
         )
     if changed:
+        more = ""
+        if run.is_finished() and any(line.startswith("--steps:") for line in changed):  # (more steps of a done run)
+            more = (
+                f" To train a finished run further, fine-tune it: --model-name-or-path {run.path} --output-dir NEW "
+                "(a new learning-rate schedule and optimizer state)."
+            )
         raise SystemExit(
             f"Cannot resume {run.path}: options that change the training differ from the run's "
             f"({run.train_args_path}):\n  "
             + "\n  ".join(changed)
-            + "\nGive the same options, or start a new --output-dir."
+            + f"\nGive the same options, or start a new --output-dir.{more}"
         )
 
 
