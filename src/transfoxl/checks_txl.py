@@ -28,6 +28,9 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+GENERATION_LENGTHS = ("max_new_tokens", "max_length", "min_new_tokens", "min_length")  # generate()'s integer settings
+
+
 def _integral(value: Any) -> bool:
     """An integer, a float of an integer's value, or a 0-d integer tensor (not a bool)."""
     if isinstance(value, torch.Tensor):
@@ -360,7 +363,7 @@ def check_generation_settings(setting: Callable[[str], Any], vocab_size: int) ->
             "its memory of hidden states (TxlMemory, created by generate() or passed as past_key_values), not a "
             "key/value cache. Leave cache_implementation unset."
         )
-    for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
+    for name in GENERATION_LENGTHS:
         value = setting(name)
         if value is not None and not _integral(value):  # (3.0 and a 0-d integer tensor run as 3, as for GPT-2)
             raise ValueError(f"{name} must be an integer, got {value!r}.")

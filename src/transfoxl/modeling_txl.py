@@ -61,6 +61,7 @@ from transformers.utils import logging
 # Relative imports: right both inside this package and in a model folder loaded with trust_remote_code (which copies
 # the files a model file imports relatively).
 from .checks_txl import (
+    GENERATION_LENGTHS,
     autocast_on,
     check_attention_mask,
     check_class_labels,
@@ -1414,8 +1415,8 @@ class TxlModel(TxlPreTrainedModel):
     def _prepare_memory(
         self, past_key_values: Cache | None, batch: int, hidden_states: torch.Tensor, use_cache: bool
     ) -> TxlMemory | None:
-        """The memory to attend to (and update, with use_cache); zero-filled first if `memory_init == "zeros"`."""
-        _check_memory_type(past_key_values)
+        """The memory to attend to (and update, with use_cache); zero-filled first if `memory_init == "zeros"`.
+        `past_key_values` is a TxlMemory or None (`forward` checked it)."""
         memory = past_key_values
         if memory is None and (use_cache or self.config.memory_init == "zeros"):
             memory = self.empty_memory()
@@ -1985,7 +1986,7 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
         check_generation_settings(setting, self.adaptive_softmax.bounds[-1])
-        for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):  # 3.0, tensor(3): as 3
+        for name in GENERATION_LENGTHS:  # 3.0, tensor(3) (checked integral): passed on as 3
             if (value := setting(name)) is not None and not isinstance(value, int):
                 kwargs[name] = int(value)
         if setting("cache_implementation") == "dynamic":  # (a cache that grows: the memory is one, passed or made)

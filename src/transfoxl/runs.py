@@ -39,6 +39,7 @@ __all__ = [
     "CHECKPOINT_NAME",
     "DEFAULT_VALIDATION_FRACTION",
     "DataSource",
+    "MissingTextFile",
     "RunFolder",
     "RunFolderError",
     "checkpoint_name",
@@ -77,6 +78,10 @@ _LEFTOVER_FOLDER_PREFIXES = (".staging-", ".trash-")
 
 class RunFolderError(ValueError):
     """A run folder file that cannot be read as expected; the message names the file."""
+
+
+class MissingTextFile(RunFolderError):
+    """A text file a run's train_args.json names is not there (`RunFolder.data_source`)."""
 
 
 def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -249,7 +254,7 @@ class RunFolder:
             for paths in run_files.values():
                 for path in paths:
                     if not Path(path).is_file():
-                        raise RunFolderError(f"{origin} names the text file {path}, which does not exist (here)")
+                        raise MissingTextFile(f"{origin} names the text file {path}, which does not exist (here)")
             run_fraction = run.get("validation_fraction")
         else:
             origin, text_files, dataset_name, dataset_config = "default", None, None, None

@@ -62,7 +62,7 @@ from ..data import (
 )
 from ..evaluation import evaluate_memory_lengths, is_character_level, memory_lengths_plot, memory_lengths_table
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
-from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, DataSource, RunFolder, RunFolderError
+from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, DataSource, MissingTextFile, RunFolder, RunFolderError
 from .options import (
     add_corpus_options,
     library_progress_bars,
@@ -272,9 +272,10 @@ def resolve_data_source(
             cache_dir=args.cache_dir,
             add_eos=args.add_eos,
         )
+    except MissingTextFile as error:
+        parser.error(f"{error}; pass the data options (--train-file / --validation-file / --test-file) yourself")
     except RunFolderError as error:
-        hint = "; pass the data options (--train-file / --validation-file / --test-file) yourself"
-        parser.error(f"{error}{hint if 'does not exist' in str(error) else ''}")
+        parser.error(str(error))
 
 
 def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str, tokenizer: Any) -> torch.Tensor:
