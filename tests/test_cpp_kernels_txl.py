@@ -544,17 +544,17 @@ AVX2_CHECK = textwrap.dedent(
     from tests.utils import tiny_lm
     from transfoxl import modeling_txl
 
-    model_step, layer_step, taken = modeling_txl.TxlModel._decode_token, modeling_txl.TxlLayer._decode_one_row, []
+    model_step, layer_step, taken = modeling_txl.decode_token, modeling_txl.decode_one_row, []
     off = lambda *args: None
     for pre_lnorm in (False, True):
         model = tiny_lm(pre_lnorm=pre_lnorm)
         ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
         results = []
         for steps_on in ("model", "layer", None):
-            modeling_txl.TxlModel._decode_token = (
+            modeling_txl.decode_token = (
                 (lambda *args: taken.append(model_step(*args)) or taken[-1]) if steps_on == "model" else off
             )
-            modeling_txl.TxlLayer._decode_one_row = (
+            modeling_txl.decode_one_row = (
                 (lambda *args: taken.append(layer_step(*args)) or taken[-1]) if steps_on == "layer" else off
             )
             with torch.no_grad():
@@ -567,7 +567,7 @@ AVX2_CHECK = textwrap.dedent(
     softmax, hidden = model.adaptive_softmax, 3 * torch.randn(1, model.config.d_model)
     with torch.no_grad():
         one_call = softmax(hidden)
-        softmax._one_row_log_probs = off
+        modeling_txl.one_row_log_probs = off
         worst = max(worst, (one_call - softmax(hidden)).abs().max().item())
     print(worst)
     """

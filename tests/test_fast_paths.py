@@ -897,7 +897,6 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     """Where the fused layer step does not apply (here: turned off; in use, an adapter or hook on a sub-layer, MC
     dropout), each linear product of a decoded token at batch 1 (projections, feed-forward) goes through
     `one_row_linear`, and the logits equal those of the plain F.linear path."""
-    from transfoxl import modeling_txl
 
     _general_decoding(monkeypatch)
     calls = []
@@ -916,8 +915,7 @@ def test_decoding_at_batch_one_takes_the_one_row_product_and_matches_eager_logit
     layers = model.config.n_layer
     assert len(calls) >= 4 * layers  # qkv, o, up, down per layer (the softmax's clusters: its own one call)
     with torch.no_grad():
-        for module in (modeling_txl, fast_paths_txl):
-            monkeypatch.setattr(module, "_one_row_inference", lambda inputs, weight: False)
+        monkeypatch.setattr(fast_paths_txl, "_one_row_inference", lambda inputs, weight: False)
         expected = model(ids[:, 8:], past_key_values=memory, use_cache=True).logits
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
 
@@ -936,7 +934,7 @@ def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_reada
     and without a projection) and equal the readable path's within float32 rounding; a NaN row gives NaN everywhere,
     as it does there. Several rows, a gradient, autocast, float64, vmap and a tensor of another rank keep the
     readable path."""
-    from transfoxl import modeling_txl
+    from transfoxl import fast_paths_txl, modeling_txl
 
     operators = compiled_operators()
     if operators is None:
@@ -948,17 +946,15 @@ def test_the_adaptive_softmax_of_one_row_is_one_compiled_call_equal_to_the_reada
             calls.extend([name] if name == "adaptive_log_softmax_row" else [])
             return getattr(operators, name)
 
-    monkeypatch.setattr(modeling_txl, "compiled_operators", lambda: Counting())
+    monkeypatch.setattr(fast_paths_txl, "compiled_operators", lambda: Counting())
     model = tiny_lm(**ONE_ROW_SOFTMAX_VARIANTS[variant])
     softmax, width = model.adaptive_softmax, model.config.d_model
     assert (len(softmax.output_projections) == 0) == variant.endswith("_unprojected")
 
     def readable(hidden):
-        softmax._one_row_log_probs = lambda hidden: None
-        try:
+        with monkeypatch.context() as patch:
+            patch.setattr(modeling_txl, "one_row_log_probs", lambda *args: None)
             return softmax(hidden)
-        finally:
-            del softmax._one_row_log_probs
 
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -1030,23 +1026,23 @@ def _general_decoding(patch):
     """Turns both fused decoding steps off: the model's one call for all layers and each layer's own."""
     from transfoxl import modeling_txl
 
-    patch.setattr(modeling_txl.TxlModel, "_decode_token", lambda *args: None)
-    patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", lambda *args: None)
+    patch.setattr(modeling_txl, "decode_token", lambda *args: None)
+    patch.setattr(modeling_txl, "decode_one_row", lambda *args: None)
 
 
 def _counting_fused_steps(patch, taken: dict[str, list[bool]], *, model_step: bool = True):
-    """Records whether each call of the fused steps (`TxlModel._decode_token`: "model", `TxlLayer._decode_one_row`:
-    "layer") was taken; `model_step=False` turns the model's off, so that each layer's is what runs."""
+    """Records whether each call of the fused steps (`decode_token`: "model", `decode_one_row`: "layer") was
+    taken; `model_step=False` turns the model's off, so that each layer's is what runs."""
     from transfoxl import modeling_txl
 
     for owner, name, key in (
-        (modeling_txl.TxlModel, "_decode_token", "model"),
-        (modeling_txl.TxlLayer, "_decode_one_row", "layer"),
+        (modeling_txl, "decode_token", "model"),
+        (modeling_txl, "decode_one_row", "layer"),
     ):
         original = getattr(owner, name)
 
-        def counting(self, *args, original=original, key=key):
-            result = original(self, *args)
+        def counting(*args, original=original, key=key):
+            result = original(*args)
             taken[key].append(result is not None)
             return result
 
@@ -1056,9 +1052,9 @@ def _counting_fused_steps(patch, taken: dict[str, list[bool]], *, model_step: bo
 @pytest.mark.parametrize("step", ["model", "layer"])
 @pytest.mark.parametrize("variant", [*VARIANTS, "same_length", "mc_dropout", "float64"])
 def test_the_fused_decoding_steps_equal_the_general_path(monkeypatch, variant, step):
-    """A token decoded at batch 1 with kept keys and values takes the model's fused step (`TxlModel._decode_token`:
+    """A token decoded at batch 1 with kept keys and values takes the model's fused step (`decode_token`:
     every layer in one call of the compiled `decode_layers`), or where that is off each layer's
-    (`TxlLayer._decode_one_row`, the compiled `decode_layer`), in post-LN and pre-LN, with shared or own biases,
+    (`decode_one_row`, the compiled `decode_layer`), in post-LN and pre-LN, with shared or own biases,
     clamped distances, a memory that outgrows mem_len, a masked memory with same_length: the same logits and memory
     (hidden states, keys, values) as the general path of `forward`, step after step, and the eager reference's
     logits. Where they do not apply (dropout modules switched back on in an eval model, as MC dropout does; a float64
@@ -1219,6 +1215,8 @@ def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, ch
     logits after it are the general path's after the same change, and differ from those without it (so that a plan
     that missed it would fail here); a change that keeps the values (eager attention, a new layout) is seen by where
     the fused step runs afterwards, and raises nothing."""
+    from transfoxl import modeling_txl
+
     if compiled_operators() is None:
         pytest.skip("the fused layer is for the compiled kernels (Linux on x86-64 with AVX2)")
     overrides = {"shared bias replaced": {"untie_r": False}, "one output table's data replaced": {"div_val": 1}}
@@ -1232,7 +1230,7 @@ def test_the_decoding_plan_sees_every_change_made_between_tokens(monkeypatch, ch
         with monkeypatch.context() as patch, torch.no_grad():
             _counting_fused_steps(patch, taken) if fused else _general_decoding(patch)
             if not fused:  # (and the adaptive softmax's readable path)
-                patch.setattr(type(model.adaptive_softmax), "_one_row_log_probs", lambda *args: None)
+                patch.setattr(modeling_txl, "one_row_log_probs", lambda *args: None)
             memory = model(ids[:, :4], use_cache=True).past_key_values
             for i in range(4, 8):  # (planned at the first token, the plan used by the next three)
                 model(ids[:, i : i + 1], past_key_values=memory)
@@ -1519,15 +1517,15 @@ def test_an_interrupted_forward_leaves_the_memory_as_it_was(monkeypatch, where):
         if where == "fused model step":
             patch.setattr(fast_paths_txl, "compiled_operators", InterruptedKernel)
         elif where == "fused step":
-            patch.setattr(modeling_txl.TxlModel, "_decode_token", lambda *args: None)
-            fused_step = modeling_txl.TxlLayer._decode_one_row
+            patch.setattr(modeling_txl, "decode_token", lambda *args: None)
+            fused_step = modeling_txl.decode_one_row
 
             def counted_fused_step(*args):
                 result = fused_step(*args)
                 taken.append(result is not None)
                 return result
 
-            patch.setattr(modeling_txl.TxlLayer, "_decode_one_row", interrupt_the_last_layer(counted_fused_step))
+            patch.setattr(modeling_txl, "decode_one_row", interrupt_the_last_layer(counted_fused_step))
         elif where == "output head":
             patch.setattr(modeling_txl.TxlAdaptiveLogSoftmax, "forward", interrupt)
         elif where == "labels":

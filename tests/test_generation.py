@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from tests.utils import ID_ERROR, case, expect_error, ids, memory_of, tiny_lm
 from transfoxl import TxlForCausalLM, TxlMemory, fast_paths_txl
-from transfoxl.fast_paths_txl import _identity
+from transfoxl.fast_paths_txl import _identity, check_kept_position_table
 from transfoxl.tokenization import build_word_level_tokenizer
 
 VARIANTS = {
@@ -167,7 +167,7 @@ def test_a_model_moved_to_another_device_starts_new_streams():
     assert all(attention._projected_positions is not None for attention in attentions)
     for attention in attentions:
         attention.pos_proj.weight = torch.nn.Parameter(attention.pos_proj.weight.detach().to("meta"))
-        attention.check_kept_position_table()
+        check_kept_position_table(attention)
         assert attention._projected_positions is None
 
 

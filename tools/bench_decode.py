@@ -606,7 +606,7 @@ def profile_labels(impl: str, model: torch.nn.Module) -> list[tuple[torch.nn.Mod
     """The modules whose forwards the profile times, with the name each gets (the same for both models)."""
     if impl == "transfoxl":
         # Not its layers, attention and feed-forward modules: a hook on them would turn off the fused decoding step
-        # (TxlModel._decode_token), which computes every layer in one compiled call without calling them.
+        # (fast_paths_txl.decode_token), which computes every layer in one compiled call without calling them.
         stack = model.transformer
         labelled = [(model, "model forward"), (stack, "stack"), (stack.word_embeddings, "embedding")]
         return [*labelled, (model.adaptive_softmax, "output head")]

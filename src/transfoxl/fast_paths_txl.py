@@ -8,6 +8,10 @@ whether a compiled kernel applies, would cost a decoded token more than its arit
 - whether a call is one row in CPU inference, where the one-row compiled operators apply (`_one_row_inference`);
 - a number for each weight object (`_identity`), which results kept across calls (keys and values, projected
   position tables) are tagged with, and a sample of a weight's values (`_weight_sample`);
+- the results kept across inference calls: each layer's projected position table (`kept_relative_keys`) and the
+  version the memory's keys and values are tagged with (`projection_version`);
+- the fused decoding steps, one compiled call each: every layer for a token (`decode_token`), one layer
+  (`decode_one_row`), the adaptive softmax of one row (`one_row_log_probs`);
 - the plans that keep those checks' findings for many tokens, with a cheap test of whether they still hold
   (`_Watch`; `_DecodePlan` for the layers' fused step, `_RowTensors` for the adaptive softmax's one row).
 
@@ -26,12 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks_txl import tracing
+from .checks_txl import autocast_on, tracing
 from .cpp_kernels_txl import compiled_operators
 from .kernels_txl import one_row_linear
 
 if TYPE_CHECKING:
-    from .modeling_txl import TxlAdaptiveLogSoftmax, TxlDropout, TxlModel
+    from .modeling_txl import TxlAdaptiveLogSoftmax, TxlDropout, TxlModel, TxlRelativeAttention
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Bare modules, one-row inference, weight identities
@@ -205,7 +209,7 @@ def _inference_caches_apply(projection: nn.Module) -> bool:
 
 def _one_row_decoding(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> object | None:
     """The compiled operators where a step of the fused decoding kernels may run, as far as the call tells (each
-    layer's part: `TxlLayer._decode_step`): one float32 CPU row in inference (no gradients, autocast, tracing or
+    layer's part: `_layer_decode_step`): one float32 CPU row in inference (no gradients, autocast, tracing or
     functorch transforms), no global module hooks, a bool mask of one row or none; else None."""
     if (
         hidden_states.dtype != torch.float32
@@ -334,9 +338,9 @@ class _Watch:
 
 
 class _DecodePlan(_Watch):
-    """Decoding's step over all layers (`TxlModel._decode_token`), planned once for many tokens: each layer's tensors
+    """Decoding's step over all layers (`decode_token`), planned once for many tokens: each layer's tensors
     and scalars for `decode_layers` and its kept position table, as the full checks found them
-    (`TxlLayer._decode_parts`, `TxlRelativeAttention._relative_keys`), and what those checks read (`_Watch`): the
+    (`_layer_decode_parts`, `TxlRelativeAttention._relative_keys`), and what those checks read (`_Watch`): the
     layers' and sub-layers' registries, modes, forwards and the attributes the step reads (scaling, eps, the config,
     the kept position table, the training-phase count); the storage and version of the weights whose results are
     kept (the memory's keys and values, the projected position table: the other weights the kernel reads as they are
@@ -374,7 +378,7 @@ class _DecodePlan(_Watch):
         for layer in layers:
             if (
                 not _is_unhooked(layer, _FUSED_KINDS[0])
-                or (part := layer._decode_parts(*shared_biases, sdpa_config)) is None
+                or (part := _layer_decode_parts(layer, *shared_biases, sdpa_config)) is None
             ):
                 return None
             parts.append(part)
@@ -486,7 +490,7 @@ _PLAN = "_txl_decode_plan"
 
 
 class _RowTensors(_Watch):
-    """An adaptive softmax's tensors for `adaptive_log_softmax_row` (`TxlAdaptiveLogSoftmax._row_tensors`), with a
+    """An adaptive softmax's tensors for `adaptive_log_softmax_row` (`_row_tensors`), with a
     watch of where they come from: the softmax's registries and the head's tail weight and bias, the output layers
     (each one's weight and bias, and an attribute `weight` beside them: pruning's, computed by its hook at each
     call) and projections, the storage and layout of the tensors; the cluster bounds as they were. (Not kept where
@@ -508,3 +512,297 @@ class _RowTensors(_Watch):
         for layer in layers:
             self.watch(layer, parameters=("weight", "bias"), attributes=("weight", "forward"))
         self.watch_storage([tensor for tensor in tensors if tensor is not None], versions=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Results kept across inference calls: the projected position table, the memory's keys and values
+
+
+class KeptPositionTable(NamedTuple):
+    """A layer's W_{k,R} R for the model's whole position table, kept across calls in inference."""
+
+    key: tuple  # the weight's identity, storage and version, and the autocast dtype it was made under
+    table: torch.Tensor  # the model's position table `[L, E]` it was projected from
+    projected: torch.Tensor  # `[H, L, D]`
+    weight_sample: torch.Tensor  # `_weight_sample` of the weight then (edits that bump no version change it)
+
+
+def projection_version(attention: TxlRelativeAttention) -> tuple | None:
+    """Identifies the weights that turn `attention`'s memory into keys and values; changes whenever they are
+    modified. None where that cannot be told (an adapter or hook on the projection, tracing): nothing is then kept."""
+    qkv_proj = attention.qkv_proj
+    if not _inference_caches_apply(qkv_proj):
+        return None
+    if attention.pre_lnorm:  # (the keys and values are of the normed input)
+        return _projection_key(attention, qkv_proj.weight, attention.layer_norm.weight, attention.layer_norm.bias)
+    return _projection_key(attention, qkv_proj.weight)
+
+
+def _projection_key(attention: TxlRelativeAttention, *weights: torch.Tensor | None) -> tuple | None:
+    """`projection_version` from the weights it names (the projection's, and pre-LN's norm's), for decoding's fused
+    step, which has them at hand and has checked the conditions on its own."""
+    # (The weight object too: a new model's weight may take a freed one's storage and version.)
+    try:
+        return (
+            *((_identity(weight), weight.data_ptr(), weight._version) for weight in weights if weight is not None),
+            attention._training_phases,
+        )
+    except RuntimeError:  # weights made under torch.inference_mode() keep no version: an edit could not be told
+        return None
+
+
+def forget_inference_results(attention: TxlRelativeAttention) -> None:
+    """Drop what inference kept from `attention`'s weights: they may change now without a new version (torch's fused
+    optimizers update parameters in place without bumping it), so the memory's keys and values made before are not
+    taken as the current weights' either (`_training_phases` is part of their version)."""
+    attention._projected_positions = None
+    attention._training_phases += 1
+
+
+def check_kept_position_table(attention: nn.Module) -> None:
+    """Drop `attention`'s kept projected position table if its weight's values changed without a new version (an
+    edit through `.data`, PEFT's merge_and_unload): the model asks where a new stream starts, not at every token."""
+    kept = getattr(attention, "_projected_positions", None)
+    if kept is None:
+        return
+    if not _is_plain_linear(attention.pos_proj):  # (replaced since: an adapter, a quantized layer; nothing is kept)
+        attention._projected_positions = None
+        return
+    weight = attention.pos_proj.weight
+    # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
+    # cannot be compared with the kept one.)
+    sample = kept.weight_sample
+    if (
+        sample.device != weight.device
+        or sample.dtype != weight.dtype
+        or not torch.equal(_weight_sample(weight), sample)
+    ):
+        attention._projected_positions = None
+
+
+def kept_relative_keys(attention: TxlRelativeAttention, positions: torch.Tensor) -> torch.Tensor | None:
+    """`attention._relative_keys(positions)` `[H, K, D]` in inference, from the whole position table projected once
+    and kept (`KeptPositionTable`), instead of all K distances again for every decoded token: `positions` is the
+    last K rows of the model's table, and its projection depends only on the weights. None where nothing may be kept
+    (training, an adapter or hook on the projection, tracing, weights without versions); in training, what was kept
+    is dropped."""
+    training = attention.training or torch.is_grad_enabled()
+    if training and not torch.compiler.is_compiling():  # (a traced graph would guard on the count: train() does)
+        forget_inference_results(attention)
+    pos_proj = attention._modules["pos_proj"]
+    if training or not _inference_caches_apply(pos_proj):
+        return None
+    table = positions if positions._base is None else positions._base  # [L, E], L >= K
+    weight = pos_proj.weight
+    device_type = table.device.type
+    autocast = autocast_on(device_type) and torch.get_autocast_dtype(device_type)
+    try:
+        key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
+    except RuntimeError:  # (made under torch.inference_mode(): no version to tell an edit by, nothing kept)
+        return None
+    kept = attention._projected_positions
+    if kept is None or kept.key != key or kept.table is not table:
+        projected = pos_proj(table).view(table.shape[0], attention.n_head, attention.d_head).transpose(0, 1)
+        # [H, L, D], heads apart
+        kept = attention._projected_positions = KeptPositionTable(
+            key, table, projected.contiguous(), _weight_sample(weight)
+        )
+    projected = kept.projected
+    return projected[:, projected.shape[1] - positions.shape[0] :]  # rows of distances K-1, ..., 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The fused decoding steps: a token at batch 1 through every layer, one layer, the adaptive softmax, in one call each
+
+
+def decode_token(
+    model: TxlModel,
+    hidden_states: torch.Tensor,
+    memory_layers: list,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    untie_r: bool,
+) -> torch.Tensor | None:
+    """`model`'s layers for one token at batch 1 in one call of the compiled `decode_layers`, where each layer would
+    take its fused step (`decode_one_row`) and none is hooked: the same values without a call, its Python and its
+    parallel region per layer (a large share of a small model's decoding step). The kernel writes each layer's
+    input, key and value into the memory, as the layer loop's updates would. The checks of every layer are made once
+    and kept as a plan for the next tokens (`_DecodePlan`).
+    `hidden_states` `[1, 1, E]` -> `[1, 1, E]`; None where that does not apply (nothing changed then)."""
+    if (operators := _one_row_decoding(hidden_states, mask)) is None:
+        return None
+    config = model.config
+    sdpa_config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
+    state = model.__dict__
+    plan = state.get(_PLAN)
+    if plan is None or sdpa_config is None or not plan.holds(positions, untie_r):
+        plan = _DecodePlan.make(model, positions, untie_r, sdpa_config)
+        state[_PLAN] = plan if plan is not None and plan.keepable else None
+        if plan is None:
+            return None
+    if (rooms := plan.rooms(memory_layers)) is None:
+        return None
+    buffers, firsts = rooms
+    output = operators.decode_layers(
+        hidden_states.reshape(-1),
+        plan.kernel_tensors(buffers, positions),
+        None if mask is None else mask.reshape(1, -1),
+        plan.scalars,
+        plan.pre_lnorm,
+        [positions.shape[0], *firsts],
+    )  # (an exception on the way: TxlModel.forward puts the memory back as it was)
+    return output.view(hidden_states.shape)
+
+
+def decode_one_row(
+    layer: nn.Module,
+    hidden_states: torch.Tensor,
+    memory: object,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    content_bias: torch.Tensor | None,
+    position_bias: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """`layer`'s forward for one token at batch 1 whose memory keeps its keys and values, in float32 CPU inference
+    with the compiled kernels, bare modules and no dropout: the whole layer in one call of the compiled
+    `decode_layer` (the products, the one-query attention, the norms and residuals), instead of the dozen operator
+    calls and the choices its forward makes for every other case (decoding pays for each, per layer and token).
+    None where that does not apply: the layer then goes its general way, which computes the same values (tests
+    compare them). `decode_token` calls all the layers in one call where each would take this step."""
+    store = memory.projection_store
+    if (
+        store is None
+        or (operators := _one_row_decoding(hidden_states, mask)) is None
+        or (step := _layer_decode_step(layer, store, content_bias, position_bias)) is None
+    ):
+        return None
+    t, (scaling, attn_eps, ffn_eps), pre_lnorm = step  # (t: LayerTensors)
+    rel_key = layer._modules["attention"]._relative_keys(positions)  # [H, K, D]
+    key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
+    output = operators.decode_layer(
+        hidden_states.reshape(-1),
+        *(t.qkv_weight, key, value, rel_key, t.content_bias, t.position_bias),
+        None if mask is None else mask.reshape(1, -1),
+        scaling,
+        *(t.o_weight, t.o_bias, t.attn_norm_weight, t.attn_norm_bias, attn_eps),
+        *(t.up_weight, t.up_bias, t.down_weight, t.down_bias, t.ffn_norm_weight, t.ffn_norm_bias, ffn_eps),
+        pre_lnorm,
+    )  # (an exception on the way: TxlModel.forward puts the memory back as it was, this entry included)
+    return output.view(hidden_states.shape)
+
+
+def _layer_decode_step(
+    layer: nn.Module, store: object, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
+) -> tuple[LayerTensors, tuple[float, float, float], bool] | None:
+    """`layer`'s part of the fused decoding step's conditions (`_one_row_decoding` has the step's):
+    `_layer_decode_parts`' (the layer's own), and memory keys and values made by the current weights, in float32.
+    Returns `_layer_decode_parts`' tensors, scalars and pre_lnorm, or None where the step does not apply."""
+    parts = _layer_decode_parts(layer, content_bias, position_bias)
+    if (
+        parts is None
+        or not hasattr(store, "kept_as")  # (a memory of an older copy of memory_txl.py: no room methods either)
+        or not (store.has_projections(parts[3]) and store.kept_as(torch.float32))
+    ):
+        return None
+    return parts[:3]
+
+
+def _layer_decode_parts(
+    layer: nn.Module,
+    content_bias: torch.Tensor | None,
+    position_bias: torch.Tensor | None,
+    sdpa_config: object | None = None,
+) -> tuple[LayerTensors, tuple[float, float, float], bool, tuple] | None:
+    """What `layer` itself must be for the fused decoding step: eval mode, bare sub-layers and linear and norm layers
+    (no hooks, adapters, replaced forwards), the sdpa implementation, no active dropout, float32 weights whose
+    version can be told. Returns the layer's tensors (`LayerTensors`: `decode_layers`' order after the memory's), its
+    scaling and the two norms' eps, pre_lnorm, and the projection version the memory's keys and values must have
+    (`projection_version`); None where the step does not apply.
+    `content_bias`, `position_bias`: the model's shared u and v, or None for the attention's own (untie_r).
+    `sdpa_config`: a config the caller has seen ask for sdpa (read once for all layers: config attributes are slow to
+    read), or None. (`_DecodePlan` watches everything read here.)"""
+    # The sub-modules and parameters from their registries: what attribute access returns for them, without
+    # nn.Module.__getattr__'s fallback (paid for each of them, per layer and token); each read only once its module
+    # is known to be the model's own kind (an adapter has other children and parameters).
+    attention_kind, ffn_kind = _FUSED_KINDS[1:3]
+    attention, ffn = layer._modules["attention"], layer._modules["ffn"]
+    if layer.training or not (_is_unhooked(attention, attention_kind) and _is_unhooked(ffn, ffn_kind)):
+        return None
+    qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
+    up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
+    if (
+        attention.training  # (a sub-layer switched to training on its own: the general path follows its flag)
+        or ffn.training
+        or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
+        or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
+        or qkv_proj._parameters["bias"] is not None
+        or not (
+            attention.config is sdpa_config  # (eager: the readable reference)
+            or getattr(attention.config, "_attn_implementation", None) == "sdpa"
+        )
+        or attention.d_head % 8 != 0
+        or ffn.pre_lnorm != attention.pre_lnorm  # (the kernel takes one flag for both sub-layers)
+        or _dropout_acts(attention._modules["dropout"])
+        or _dropout_acts(ffn._modules["dropout"])
+    ):
+        return None
+    if content_bias is None:
+        content_bias, position_bias = attention._parameters["content_bias"], attention._parameters["position_bias"]
+    tensors = LayerTensors(
+        qkv_proj._parameters["weight"],
+        content_bias,
+        position_bias,
+        *_weight_and_bias(o_proj),
+        *_weight_and_bias(attn_norm),
+        *_weight_and_bias(up_proj),
+        *_weight_and_bias(down_proj),
+        *_weight_and_bias(ffn_norm),
+    )
+    if not tensors.complete() or not _compiled_float32(tensors):
+        return None
+    # projection_version's value: the projection is bare without a bias, nothing traced (`_one_row_decoding`)
+    normed = (tensors.attn_norm_weight, tensors.attn_norm_bias) if attention.pre_lnorm else ()
+    version = _projection_key(attention, tensors.qkv_weight, *normed)
+    if version is None:  # (weights made under torch.inference_mode(): no keys and values are ever kept)
+        return None
+    return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm, version
+
+
+def one_row_log_probs(softmax: TxlAdaptiveLogSoftmax, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    """`softmax`'s forward for one row (a token decoded at batch 1) in float32 CPU inference, in one call of the
+    compiled `adaptive_log_softmax_row` instead of a dozen operator calls: the same log-probabilities within float32
+    rounding (where all of a cluster's logits are -inf, tokens banned by their biases, -inf where the readable path
+    gives NaN). None where that does not apply. The clusters' tensors are gathered once for many tokens
+    (`_row_tensors`)."""
+    if (
+        hidden_states.dim() != 2
+        or hidden_states.dtype != torch.float32
+        or not _one_row_inference(hidden_states, hidden_states)  # (the weights' type: `_row_tensors`)
+        or (operators := compiled_operators()) is None
+        or (tensors := _row_tensors(softmax)) is None
+    ):
+        return None
+    return operators.adaptive_log_softmax_row(hidden_states.reshape(-1).contiguous(), tensors).view(1, -1)
+
+
+def _row_tensors(softmax: TxlAdaptiveLogSoftmax) -> list[torch.Tensor] | None:
+    """`adaptive_log_softmax_row`'s tensors (each cluster's weight, bias and projection, then the head's tail weight
+    and bias), or None where they are not all float32 CPU tensors (a projection may be missing). Kept for the next
+    tokens with a watch of the modules and parameters they come from (`_RowTensors`)."""
+    state = softmax.__dict__
+    kept = state.get(_PLAN)
+    if kept is not None and kept.bounds == softmax.bounds and kept.holds():
+        return kept.tensors
+    state[_PLAN] = None
+    n_clusters = softmax.n_clusters
+    tensors = [tensor for cluster in range(n_clusters) for tensor in softmax._own_parameters(cluster)]
+    if n_clusters > 1:
+        tensors += (softmax.cluster_weight, softmax.cluster_bias)
+    required = [tensor for i, tensor in enumerate(tensors) if i >= 3 * n_clusters or i % 3 != 2]
+    if any(tensor is None for tensor in required) or not _compiled_float32(tensors):
+        return None
+    # Not kept where they are slices of one table (div_val 1): made per call, so that nothing but the model holds a
+    # tensor of the model's.
+    if all(tensor is None or tensor._base is None for tensor in tensors):
+        state[_PLAN] = _RowTensors(softmax, tensors)
+    return tensors

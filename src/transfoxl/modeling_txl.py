@@ -25,12 +25,12 @@ Paper objects and their names here (original code / transformers v4 names in bra
     the memory (Sec. 3.2)                  -> TxlMemory, in memory_txl.py          [mems]
 
 Beside this file: `fast_paths_txl.py` (what lets a decoded token skip module calls and per-token checks: bare modules,
-weight identities, the decoding plans) and, with tensor-only interfaces, `memory_txl.py` (the memory, a transformers
-`Cache`), `kernels_txl.py` (the hand-written CPU kernels, each equal to its readable counterpart here),
-`cpp_kernels_txl.py` (the C++ kernels, compiled on first use: attention, decoding's layers and softmax, dropout) and
-`checks_txl.py` (the argument checks of every entry point). They import only torch, transformers and each other,
-relatively, so `save_pretrained` copies them all into a model folder for `trust_remote_code=True`. docs/architecture.md
-maps the whole package.
+weight identities, the results kept across inference calls, the fused decoding steps and their plans) and, with
+tensor-only interfaces, `memory_txl.py` (the memory, a transformers `Cache`), `kernels_txl.py` (the hand-written CPU
+kernels, each equal to its readable counterpart here), `cpp_kernels_txl.py` (the C++ kernels, compiled on first use:
+attention, decoding's layers and softmax, dropout) and `checks_txl.py` (the argument checks of every entry point).
+They import only torch, transformers and each other, relatively, so `save_pretrained` copies them all into a model
+folder for `trust_remote_code=True`. docs/architecture.md maps the whole package.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import bisect
 import functools
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -84,29 +83,24 @@ from .checks_txl import (
     tracing,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
-from .cpp_kernels_txl import compiled_operators
 from .fast_paths_txl import (
     _PLAN,
-    LayerTensors,
-    _compiled_float32,
-    _DecodePlan,
+    KeptPositionTable,
     _dropout,
-    _dropout_acts,
     _forward_ad_active,
-    _identity,
-    _inference_caches_apply,
     _is_bare,
     _is_bare_linear,
     _is_plain_linear,
-    _is_unhooked,
     _layer_norm,
     _linear,
-    _one_row_decoding,
-    _one_row_inference,
     _project,
-    _RowTensors,
-    _weight_and_bias,
-    _weight_sample,
+    check_kept_position_table,
+    decode_one_row,
+    decode_token,
+    forget_inference_results,
+    kept_relative_keys,
+    one_row_log_probs,
+    projection_version,
     register_fused_kinds,
 )
 from .kernels_txl import (
@@ -379,15 +373,6 @@ def _memory_kept_on_error(forward):
     return kept_on_error
 
 
-class KeptPositionTable(NamedTuple):
-    """A layer's W_{k,R} R for the model's whole position table, kept across calls in inference."""
-
-    key: tuple  # the weight's identity, storage and version, and the autocast dtype it was made under
-    table: torch.Tensor  # the model's position table `[L, E]` it was projected from
-    projected: torch.Tensor  # `[H, L, D]`
-    weight_sample: torch.Tensor  # `_weight_sample` of the weight then (edits that bump no version change it)
-
-
 class TxlRelativeAttention(nn.Module):
     """Multi-head attention over `[memory; segment]` with relative positions, plus its residual and layer norm."""
 
@@ -407,7 +392,7 @@ class TxlRelativeAttention(nn.Module):
         if config.untie_r:  # else the model owns one shared pair and passes it in
             self.content_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # u
             self.position_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))  # v
-        self._projected_positions: KeptPositionTable | None = None  # _relative_keys
+        self._projected_positions: KeptPositionTable | None = None  # kept_relative_keys (fast_paths_txl.py)
         # Results kept across inference calls are keyed on the weights (the objects themselves, their storage and
         # version), and on this count of training phases: torch's fused optimizers (`AdamW(fused=True)`, as train.py
         # builds it) update parameters in place without bumping their version, so a training forward or `train()`
@@ -443,85 +428,18 @@ class TxlRelativeAttention(nn.Module):
             and not _forward_ad_active()
         )
 
-    def projection_version(self) -> tuple | None:
-        """Identifies the weights that turn the memory into keys and values; changes whenever they are modified.
-        None where that cannot be told (an adapter or hook on the projection, tracing): nothing is then kept."""
-        if not _inference_caches_apply(self.qkv_proj):
-            return None
-        if self.pre_lnorm:
-            return self._projection_key(self.qkv_proj.weight, self.layer_norm.weight, self.layer_norm.bias)
-        return self._projection_key(self.qkv_proj.weight)
-
-    def _projection_key(self, *weights: torch.Tensor | None) -> tuple:
-        """`projection_version` from the weights it names (the projection's, and pre-LN's norm's), for decoding's
-        fused step, which has them at hand and has checked the conditions on its own."""
-        # (The weight object too: a new model's weight may take a freed one's storage and version.)
-        try:
-            return (
-                *((_identity(weight), weight.data_ptr(), weight._version) for weight in weights if weight is not None),
-                self._training_phases,
-            )
-        except RuntimeError:  # weights made under torch.inference_mode() keep no version: an edit could not be told
-            return None
-
-    def _forget_inference_results(self) -> None:
-        """Drop what inference kept from the weights (they may change now without a new version, see __init__)."""
-        self._projected_positions = None
-        self._training_phases += 1
-
     def train(self, mode: bool = True) -> TxlRelativeAttention:
         if mode:  # (inference keeps results in eval mode only: switching back to it needs nothing)
-            self._forget_inference_results()
+            forget_inference_results(self)
         return super().train(mode)
 
-    def check_kept_position_table(self) -> None:
-        """Drop the kept projected position table if its weight's values changed without a new version (an edit
-        through `.data`, PEFT's merge_and_unload): the model asks where a new stream starts, not at every token."""
-        kept = self._projected_positions
-        if kept is None:
-            return
-        if not _is_plain_linear(self.pos_proj):  # (replaced since: an adapter, a quantized layer; nothing is kept)
-            self._projected_positions = None
-            return
-        weight = self.pos_proj.weight
-        # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
-        # cannot be compared with the kept one.)
-        sample = kept.weight_sample
-        if (
-            sample.device != weight.device
-            or sample.dtype != weight.dtype
-            or not torch.equal(_weight_sample(weight), sample)
-        ):
-            self._projected_positions = None
-
     def _relative_keys(self, positions: torch.Tensor) -> torch.Tensor:
-        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`."""
+        """W_{k,R} R for the K distances of `positions` `[K, E]` (row r = distance K-1-r): `[H, K, D]`. In inference
+        the whole position table is projected once and kept (`kept_relative_keys`)."""
+        if (kept := kept_relative_keys(self, positions)) is not None:
+            return kept
         k_len = positions.shape[0]
-        training = self.training or torch.is_grad_enabled()
-        if training and not torch.compiler.is_compiling():  # (a traced graph would guard on the count: train() does)
-            self._forget_inference_results()
-        pos_proj = self._modules["pos_proj"]
-        if training or not _inference_caches_apply(pos_proj):
-            return pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
-        # Inference: `positions` is the last K rows of the model's table; its projection depends only on the weights,
-        # so the whole table is projected once and kept, instead of all K distances again for every decoded token.
-        table = positions if positions._base is None else positions._base  # [L, E], L >= K
-        weight = pos_proj.weight
-        device_type = table.device.type
-        autocast = autocast_on(device_type) and torch.get_autocast_dtype(device_type)
-        try:
-            key = (_identity(weight), weight.data_ptr(), weight._version, autocast)
-        except RuntimeError:  # (made under torch.inference_mode(): no version to tell an edit by, nothing kept)
-            return pos_proj(positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
-        cached = self._projected_positions
-        if cached is None or cached.key != key or cached.table is not table:
-            projected = pos_proj(table).view(table.shape[0], self.n_head, self.d_head).transpose(0, 1)
-            # [H, L, D], heads apart
-            cached = self._projected_positions = KeptPositionTable(
-                key, table, projected.contiguous(), _weight_sample(weight)
-            )
-        projected = cached.projected
-        return projected[:, projected.shape[1] - k_len :]  # rows of distances K-1, ..., 0
+        return self._modules["pos_proj"](positions).view(k_len, self.n_head, self.d_head).transpose(0, 1)
 
     def forward(
         self,
@@ -545,7 +463,7 @@ class TxlRelativeAttention(nn.Module):
         batch, q_len, _ = hidden_states.shape
         hidden_memory = None if memory is None else memory.hidden  # [B, M, E]
         store = None if memory is None else memory.projection_store
-        version = None if store is None else self.projection_version()
+        version = None if store is None else projection_version(self)
         if store is not None and version is None:  # the kept keys could not be kept in step with the weights
             store.drop_projections()
         kept = version is not None and hidden_memory is not None and store.has_projections(version)
@@ -638,7 +556,7 @@ class TxlRelativeAttention(nn.Module):
         # returns probabilities), CPU training (the compiled forward where it is built, with the torch kernel's
         # backward, else the torch kernel), decoding's one-query path, CPU inference's compiled kernel
         # (cpp_kernels_txl.py) or query blocks, or SDPA. (Decoding a token at batch 1 does not come here: TxlModel's
-        # `_decode_token` or the layer's `_decode_one_row` run the whole layer in one compiled call.)
+        # `decode_token` or the layer's `decode_one_row`, in fast_paths_txl.py, run whole layers in one compiled call.)
         dropout = self.config.dropatt if self.training else 0.0
         if implementation == "eager":
             attn_output, attn_weights = eager_relative_attention(*arguments, scaling=self.scaling, dropout=dropout)
@@ -726,7 +644,7 @@ class TxlLayer(GradientCheckpointingLayer):
             hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
             and memory is not None
             and not output_attentions
-            and (decoded := self._decode_one_row(hidden_states, memory, positions, mask, content_bias, position_bias))
+            and (decoded := decode_one_row(self, hidden_states, memory, positions, mask, content_bias, position_bias))
             is not None
         ):
             return decoded, None
@@ -734,113 +652,6 @@ class TxlLayer(GradientCheckpointingLayer):
             hidden_states, memory, positions, mask, content_bias, position_bias, output_attentions
         )
         return self.ffn(hidden_states), attn_weights
-
-    def _decode_one_row(
-        self,
-        hidden_states: torch.Tensor,
-        memory: LayerMemory,
-        positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        content_bias: torch.Tensor | None,
-        position_bias: torch.Tensor | None,
-    ) -> torch.Tensor | None:
-        """`forward`'s result for one token at batch 1 whose memory keeps its keys and values, in float32 CPU
-        inference with the compiled kernels, bare modules and no dropout: the whole layer in one call of the compiled
-        `decode_layer` (the products, the one-query attention, the norms and residuals), instead of the dozen
-        operator calls and the choices `forward` makes for every other case (decoding pays for each, per layer and
-        token). None where that does not apply: `forward` then goes its general way, which computes the same values
-        (tests compare them). `TxlModel` calls all its layers in one call where each would take this step."""
-        store = memory.projection_store
-        if (
-            store is None
-            or (operators := _one_row_decoding(hidden_states, mask)) is None
-            or (step := self._decode_step(store, content_bias, position_bias)) is None
-        ):
-            return None
-        t, (scaling, attn_eps, ffn_eps), pre_lnorm = step  # (t: LayerTensors)
-        rel_key = self._modules["attention"]._relative_keys(positions)  # [H, K, D]
-        key, value = store.append_projection_room()  # [1, H, K, D]; decode_layer writes the new position's entry
-        output = operators.decode_layer(
-            hidden_states.reshape(-1),
-            *(t.qkv_weight, key, value, rel_key, t.content_bias, t.position_bias),
-            None if mask is None else mask.reshape(1, -1),
-            scaling,
-            *(t.o_weight, t.o_bias, t.attn_norm_weight, t.attn_norm_bias, attn_eps),
-            *(t.up_weight, t.up_bias, t.down_weight, t.down_bias, t.ffn_norm_weight, t.ffn_norm_bias, ffn_eps),
-            pre_lnorm,
-        )  # (an exception on the way: TxlModel.forward puts the memory back as it was, this entry included)
-        return output.view(hidden_states.shape)
-
-    def _decode_step(
-        self, store: TxlMemoryLayer, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
-    ) -> tuple[LayerTensors, tuple[float, float, float], bool] | None:
-        """This layer's part of the fused decoding step's conditions (`_one_row_decoding` has the step's):
-        `_decode_parts`' (the layer's own), and memory keys and values made by the current weights, in float32.
-        Returns `_decode_parts`' tensors, scalars and pre_lnorm, or None where the step does not apply."""
-        parts = self._decode_parts(content_bias, position_bias)
-        if (
-            parts is None
-            or not hasattr(store, "kept_as")  # (a memory of an older copy of memory_txl.py: no room methods either)
-            or not (store.has_projections(parts[3]) and store.kept_as(torch.float32))
-        ):
-            return None
-        return parts[:3]
-
-    def _decode_parts(
-        self, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None, sdpa_config: object | None = None
-    ) -> tuple[LayerTensors, tuple[float, float, float], bool, tuple] | None:
-        """What the layer itself must be for the fused decoding step: eval mode, bare sub-layers and linear and norm
-        layers (no hooks, adapters, replaced forwards), the sdpa implementation, no active dropout, float32 weights
-        whose version can be told. Returns the layer's tensors (`LayerTensors`: `decode_layers`' order after the
-        memory's), its scaling and the two norms' eps, pre_lnorm, and the projection
-        version the memory's keys and values must have (`projection_version`); None where the step does not apply.
-        `content_bias`, `position_bias`: the model's shared u and v, or None for the attention's own (untie_r).
-        `sdpa_config`: a config the caller has seen ask for sdpa (read once for all layers: config attributes are slow
-        to read), or None. (`_DecodePlan` watches everything read here.)"""
-        # The sub-modules and parameters from their registries: what attribute access returns for them, without
-        # nn.Module.__getattr__'s fallback (paid for each of them, per layer and token); each read
-        # only once its module is known to be the model's own kind (an adapter has other children and parameters).
-        attention, ffn = self._modules["attention"], self._modules["ffn"]
-        if self.training or not (_is_unhooked(attention, TxlRelativeAttention) and _is_unhooked(ffn, TxlFeedForward)):
-            return None
-        qkv_proj, o_proj, attn_norm = (attention._modules[name] for name in ("qkv_proj", "o_proj", "layer_norm"))
-        up_proj, down_proj, ffn_norm = (ffn._modules[name] for name in ("up_proj", "down_proj", "layer_norm"))
-        if (
-            attention.training  # (a sub-layer switched to training on its own: the general path follows its flag)
-            or ffn.training
-            or not all(_is_unhooked(linear, nn.Linear) for linear in (qkv_proj, o_proj, up_proj, down_proj))
-            or not (_is_unhooked(attn_norm, nn.LayerNorm) and _is_unhooked(ffn_norm, nn.LayerNorm))
-            or qkv_proj._parameters["bias"] is not None
-            or not (
-                attention.config is sdpa_config  # (eager: the readable reference)
-                or getattr(attention.config, "_attn_implementation", None) == "sdpa"
-            )
-            or attention.d_head % 8 != 0
-            or ffn.pre_lnorm != attention.pre_lnorm  # (the kernel takes one flag for both sub-layers)
-            or _dropout_acts(attention._modules["dropout"])
-            or _dropout_acts(ffn._modules["dropout"])
-        ):
-            return None
-        if content_bias is None:
-            content_bias, position_bias = attention._parameters["content_bias"], attention._parameters["position_bias"]
-        tensors = LayerTensors(
-            qkv_proj._parameters["weight"],
-            content_bias,
-            position_bias,
-            *_weight_and_bias(o_proj),
-            *_weight_and_bias(attn_norm),
-            *_weight_and_bias(up_proj),
-            *_weight_and_bias(down_proj),
-            *_weight_and_bias(ffn_norm),
-        )
-        if not tensors.complete() or not _compiled_float32(tensors):
-            return None
-        # projection_version's value: the projection is bare without a bias, nothing traced (`_one_row_decoding`)
-        normed = (tensors.attn_norm_weight, tensors.attn_norm_bias) if attention.pre_lnorm else ()
-        version = attention._projection_key(tensors.qkv_weight, *normed)
-        if version is None:  # (weights made under torch.inference_mode(): no keys and values are ever kept)
-            return None
-        return tensors, (attention.scaling, attn_norm.eps, ffn_norm.eps), attention.pre_lnorm, version
 
 
 register_fused_kinds(TxlLayer, TxlRelativeAttention, TxlFeedForward)
@@ -1055,7 +866,7 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the whole vocabulary: `[N, E]` -> `[N, V]`."""
-        if (log_probs := self._one_row_log_probs(hidden_states)) is not None:
+        if (log_probs := one_row_log_probs(self, hidden_states)) is not None:  # (a decoded token: one call)
             return log_probs
         if not torch.compiler.is_compiling():  # (a traced graph keeps no state)
             self.__dict__.pop(_PLAN, None)  # (not a decoded token: what the plan holds may go)
@@ -1067,43 +878,6 @@ class TxlAdaptiveLogSoftmax(nn.Module):
             tail_logprobs = _float_log_softmax(self._cluster_logits(hidden_states, cluster))  # [N, n_i]
             pieces.append(head_logprobs[:, self.shortlist_size + cluster - 1, None] + tail_logprobs)
         return torch.cat(pieces, dim=-1)  # [N, V]
-
-    def _one_row_log_probs(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        """`forward` for one row (a token decoded at batch 1) in float32 CPU inference, in one call of the compiled
-        `adaptive_log_softmax_row` instead of a dozen operator calls: the same log-probabilities within float32
-        rounding (where all of a cluster's logits are -inf, tokens banned by their biases, -inf where the readable
-        path gives NaN). None where that does not apply. The clusters' tensors are gathered once for many tokens
-        (`_row_tensors`)."""
-        if (
-            hidden_states.dim() != 2
-            or hidden_states.dtype != torch.float32
-            or not _one_row_inference(hidden_states, hidden_states)  # (the weights' type: `_row_tensors`)
-            or (operators := compiled_operators()) is None
-            or (tensors := self._row_tensors()) is None
-        ):
-            return None
-        return operators.adaptive_log_softmax_row(hidden_states.reshape(-1).contiguous(), tensors).view(1, -1)
-
-    def _row_tensors(self) -> list[torch.Tensor] | None:
-        """`adaptive_log_softmax_row`'s tensors (each cluster's weight, bias and projection, then the head's tail
-        weight and bias), or None where they are not all float32 CPU tensors (a projection may be missing). Kept
-        for the next tokens with a watch of the modules and parameters they come from (`_RowTensors`)."""
-        state = self.__dict__
-        kept = state.get(_PLAN)
-        if kept is not None and kept.bounds == self.bounds and kept.holds():
-            return kept.tensors
-        state[_PLAN] = None
-        tensors = [tensor for cluster in range(self.n_clusters) for tensor in self._own_parameters(cluster)]
-        if self.n_clusters > 1:
-            tensors += (self.cluster_weight, self.cluster_bias)
-        required = [tensor for i, tensor in enumerate(tensors) if i >= 3 * self.n_clusters or i % 3 != 2]
-        if any(tensor is None for tensor in required) or not _compiled_float32(tensors):
-            return None
-        # Not kept where they are slices of one table (div_val 1): made per call, so that nothing but the model
-        # holds a tensor of the model's.
-        if all(tensor is None or tensor._base is None for tensor in tensors):
-            state[_PLAN] = _RowTensors(self, tensors)
-        return tensors
 
     # Training on a CPU computes the loss a chunk of rows at a time (`kernels_txl.adaptive_nll`): about this many head
     # logits per chunk (4 MB in float32). Smaller chunks save little more memory and run slower.
@@ -1513,44 +1287,6 @@ class TxlModel(TxlPreTrainedModel):
             segment_padding = torch.zeros(batch, q_len, dtype=torch.bool, device=device)
         return torch.cat([memory_padding.to(device), segment_padding], dim=1)
 
-    def _decode_token(
-        self,
-        hidden_states: torch.Tensor,
-        memory_layers: list[TxlMemoryLayer],
-        positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        untie_r: bool,
-    ) -> torch.Tensor | None:
-        """Every layer for one token at batch 1 in one call of the compiled `decode_layers`, where each layer would
-        take its fused step (`TxlLayer._decode_one_row`) and none is hooked: the same values without a call, its
-        Python and its parallel region per layer (a large share of a small model's decoding step). The kernel
-        writes each layer's input, key and value into the memory, as the layer loop's updates would. The checks of
-        every layer are made once and kept as a plan for the next tokens (`_DecodePlan`).
-        `hidden_states` `[1, 1, E]` -> `[1, 1, E]`; None where that does not apply (nothing changed then)."""
-        if (operators := _one_row_decoding(hidden_states, mask)) is None:
-            return None
-        config = self.config
-        sdpa_config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
-        state = self.__dict__
-        plan = state.get(_PLAN)
-        if plan is None or sdpa_config is None or not plan.holds(positions, untie_r):
-            plan = _DecodePlan.make(self, positions, untie_r, sdpa_config)
-            state[_PLAN] = plan if plan is not None and plan.keepable else None
-            if plan is None:
-                return None
-        if (rooms := plan.rooms(memory_layers)) is None:
-            return None
-        buffers, firsts = rooms
-        output = operators.decode_layers(
-            hidden_states.reshape(-1),
-            plan.kernel_tensors(buffers, positions),
-            None if mask is None else mask.reshape(1, -1),
-            plan.scalars,
-            plan.pre_lnorm,
-            [positions.shape[0], *firsts],
-        )  # (an exception on the way: forward puts the memory back as it was)
-        return output.view(hidden_states.shape)
-
     @_memory_kept_on_error
     def forward(
         self,
@@ -1635,8 +1371,7 @@ class TxlModel(TxlPreTrainedModel):
         positions = _dropout(self.dropout, self._positions(k_len, inputs_embeds.dtype, inputs_embeds.device))  # [K, E]
         if (memory is None or memory.seen_tokens == 0) and not self.training and not torch.compiler.is_compiling():
             for layer in self.layers:  # a new stream: see weight edits that bumped no version (a merged adapter)
-                if hasattr(attention := getattr(layer, "attention", None), "check_kept_position_table"):
-                    attention.check_kept_position_table()
+                check_kept_position_table(getattr(layer, "attention", None))
         hidden_states = _dropout(self.dropout, inputs_embeds)
 
         # Inference keeps each layer's projected keys/values in the memory; training re-projects the hidden states.
@@ -1651,7 +1386,7 @@ class TxlModel(TxlPreTrainedModel):
             keep_projections
             and hidden_states.numel() == hidden_states.shape[-1]  # one row: a token decoded at batch 1
             and not (output_attentions or output_hidden_states)
-            and (decoded := self._decode_token(hidden_states, memory_layers, positions, mask, untie_r)) is not None
+            and (decoded := decode_token(self, hidden_states, memory_layers, positions, mask, untie_r)) is not None
         ):
             hidden_states, memory_layers = decoded, []  # (every layer done, its memory updated)
         elif (q_len > 1 or self.training or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
