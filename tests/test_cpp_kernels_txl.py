@@ -198,7 +198,7 @@ def test_training_takes_the_compiled_forward_where_it_applies_with_the_torch_pat
     def train(checkpointing: bool):
         model = tiny_lm(mem_len=8, attn_implementation="sdpa", dropout=0.0, dropatt=0.0).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()
         memory, losses = None, []
         for segment in (ids[:, :12], ids[:, 12:]):
             output = model(segment, labels=segment, past_key_values=memory, use_cache=True)

@@ -602,11 +602,73 @@ def test_memory_linear_keeps_no_context_for_a_frozen_weight():
     assert kept == [(12, 8), (2, 9, 8)]  # the frozen weight's call keeps the weight; the trained one the context
 
 
-def test_eager_attention_keeps_a_second_derivative_through_the_memory():
-    """The eager path (the readable reference) stays differentiable twice with a memory: a gradient penalty works;
-    `memory_linear`, whose backward is once-differentiable, is the fast paths' alone."""
+def _penalty_gradients(model, ids, memory=None) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient of a gradient penalty, the squared norm of the loss's gradient (create_graph)."""
+    model.zero_grad()
+    loss = model(ids, labels=ids, past_key_values=memory).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True, allow_unused=True)
+    sum((grad**2).sum() for grad in grads if grad is not None).backward()
+    return {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.grad is not None}
+
+
+def test_second_derivatives_through_the_loss_kernel_equal_the_readable_paths(monkeypatch):
+    """The adaptive softmax's loss kernel (`adaptive_nll`: gradients computed in its forward) gives the readable
+    path's second derivatives: a gradient penalty's gradients are equal, embeddings and projections tied to the
+    output layers included (their hidden states depend on the same weights: each input's own gradient, not the
+    total). Its first-derivative-only backward let the second derivative through as zero, silently."""
+    from transfoxl import modeling_txl
+
     ids = covering_ids(97, batch=2, length=12)
-    model = tiny_lm(mem_len=6, attn_implementation="eager").train()
+    model = tiny_lm(attn_implementation="eager").train()
+    assert model.config.tie_word_embeddings and len(model.adaptive_softmax.output_layers) > 1
+    kernel = _penalty_gradients(model, ids)
+    monkeypatch.setattr(modeling_txl, "float32_cpu_training", lambda *tensors: False)  # (the readable `_nll`)
+    readable = _penalty_gradients(model, ids)
+    assert kernel.keys() == readable.keys() and "adaptive_softmax.cluster_weight" in kernel
+    for name in readable:
+        torch.testing.assert_close(kernel[name], readable[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("with_relu", [False, True])
+def test_the_dropout_kernels_are_differentiable_twice(with_relu):
+    """The dropout kernels' gradients are differentiable (linear in the incoming gradient, the mask a constant): the
+    second derivative of `sum(y**3)`, y = dropout(x) (or dropout(relu(x))), is `6 y (kept / (1 - p))**2`, computed
+    from the kept positions `y != 0`."""
+    p = 0.25
+    x = torch.randn(4, 64, requires_grad=True)
+    y = (kernels_txl.relu_dropout if with_relu else kernel_dropout)(x, p, True)
+    assert y.grad_fn is not None and "Dropout" in type(y.grad_fn).__name__  # (the kernel, not torch's)
+    (first,) = torch.autograd.grad((y**3).sum(), x, create_graph=True)
+    first.sum().backward()
+    factor = (y != 0).float() / (1 - p)
+    torch.testing.assert_close(first, 3 * y**2 * factor)
+    torch.testing.assert_close(x.grad, 6 * y.detach() * factor**2)
+
+
+def test_a_second_derivative_through_a_first_derivative_only_kernel_raises_naming_the_eager_attention():
+    """The sdpa path's CPU training kernels (attention, memory_linear) compute first derivatives only: with
+    create_graph=True they give the same first derivatives, and differentiating those raises an error that names the
+    eager attention, never a second derivative of zero."""
+    ids = covering_ids(97, batch=2, length=12)
+    model = tiny_lm(mem_len=6, attn_implementation="sdpa").train()
+    memory = model(ids[:, :6], use_cache=True).past_key_values
+    loss = model(ids[:, 6:], labels=ids[:, 6:], past_key_values=memory).loss
+    plain = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True, allow_unused=True)
+    graph = torch.autograd.grad(loss, list(model.parameters()), create_graph=True, allow_unused=True)
+    for first, second in zip(plain, graph):
+        assert (first is None) == (second is None)
+        if first is not None:
+            torch.testing.assert_close(first, second.detach())
+    penalty = sum((grad**2).sum() for grad in graph if grad is not None)
+    with pytest.raises(RuntimeError, match=r"first derivatives only.*set_attn_implementation\('eager'\)"):
+        penalty.backward()
+
+
+def test_eager_attention_keeps_a_second_derivative_through_the_memory():
+    """The eager path (the readable reference) stays differentiable twice with a memory and dropout: a gradient
+    penalty works; `memory_linear`, whose backward is once-differentiable, is the fast paths' alone."""
+    ids = covering_ids(97, batch=2, length=12)
+    model = tiny_lm(mem_len=6, dropout=0.1, attn_implementation="eager").train()
     memory = model(ids[:, :6], use_cache=True).past_key_values
     loss = model(ids[:, 6:], labels=ids[:, 6:], past_key_values=memory).loss
     grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True, allow_unused=True)

@@ -30,14 +30,44 @@ N rows (tokens), E width; and C the queries of one block (`relative_attention_by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .checks_txl import autocast_on, tracing
 from .cpp_kernels_txl import compiled_operators
+
+
+def _first_derivative(kernel: str, second: Callable | None = None) -> Callable:
+    """A Function's `backward` made for the first derivative only (as `once_differentiable`), that never lets a second
+    one through as zero. Where one may be asked for (backward with `create_graph=True`, which runs in grad mode:
+    gradient penalties, Hessian-vector products), `second(ctx, *grad_outputs)` computes the same gradients with
+    differentiable operators; without it, the first derivative is returned and differentiating it raises an error that
+    names the way that supports a second one. (torch's `once_differentiable` raises only where an incoming gradient
+    requires one: a loss's own does not, and the second derivative through the loss's Function came out as zero.)"""
+    message = (
+        f"a second derivative (backward with create_graph=True, then differentiated) goes through {kernel}, which "
+        "computes first derivatives only; the eager attention is differentiable twice: "
+        "model.set_attn_implementation('eager') (or attn_implementation='eager' in from_pretrained)"
+    ).encode()
+
+    def decorate(backward: Callable) -> Callable:
+        @functools.wraps(backward)
+        def first_or_second(ctx, *grad_outputs):
+            if torch.is_grad_enabled() and second is not None:
+                return second(ctx, *grad_outputs)
+            with torch.no_grad():
+                grads = backward(ctx, *grad_outputs)
+            if not torch.is_grad_enabled():
+                return grads
+            raising = torch._C._functions.DelayedError(message, len(grads))
+            return raising(*(None if grad is None else grad.detach().requires_grad_() for grad in grads))
+
+        return first_or_second
+
+    return decorate
 
 
 def float32_cpu_training(*tensors: torch.Tensor) -> bool:
@@ -168,7 +198,7 @@ class _RelativeAttentionFunction(torch.autograd.Function):
         return output  # [B, Q, H, D]
 
     @staticmethod
-    @once_differentiable
+    @_first_derivative("the relative attention's CPU training kernel")
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         content_query, key, value, padded_rel_key, bias_shift, probs, output = ctx.saved_tensors
         grads = _relative_attention_backward(
@@ -454,7 +484,7 @@ class _CompiledRelativeAttentionFunction(torch.autograd.Function):
         return output  # [B, Q, H, D]
 
     @staticmethod
-    @once_differentiable
+    @_first_derivative("the relative attention's compiled CPU training kernel")
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, rel_key, content_bias, position_bias, probs, output = ctx.saved_tensors
         batch, heads, q_len, head_dim = query.shape
@@ -585,7 +615,7 @@ class _MemoryLinear(torch.autograd.Function):
         return F.linear(context, weight)  # [B, K, N]
 
     @staticmethod
-    @once_differentiable  # (the eager attention, which supports a second derivative, does not take this Function)
+    @_first_derivative("the memory's key and value projection (memory_linear)")  # (not on the eager path)
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         context, weight = ctx.saved_tensors
         grad_segment = grad_weight = None
@@ -711,7 +741,13 @@ class _Dropout(torch.autograd.Function):
         return output
 
     @staticmethod
-    @once_differentiable  # a second derivative would raise, not come out wrong
+    def _second(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """backward's gradient, differentiable: linear in the incoming gradient, the mask a constant."""
+        (keep,) = ctx.saved_tensors
+        return grad_output * _factor(keep) * ctx.scale, None
+
+    @staticmethod
+    @_first_derivative("dropout", second=lambda ctx, grad_output: _Dropout._second(ctx, grad_output))
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
         if (operators := _compiled_dropout(grad_output, keep)) is not None:
@@ -735,7 +771,14 @@ class _ReluDropout(torch.autograd.Function):
         return output
 
     @staticmethod
-    @once_differentiable
+    def _second(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """backward's gradient, differentiable: linear in the incoming gradient; where the output is positive a
+        constant (ReLU's second derivative is 0)."""
+        (output,) = ctx.saved_tensors
+        return grad_output * (output > 0) * ctx.scale, None
+
+    @staticmethod
+    @_first_derivative("dropout", second=lambda ctx, grad_output: _ReluDropout._second(ctx, grad_output))
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
         if (operators := _compiled_dropout(grad_output, output)) is not None:
@@ -817,7 +860,29 @@ class _ChunkedAdaptiveNLL(torch.autograd.Function):
         return nll  # [N]
 
     @staticmethod
-    @once_differentiable
+    def _second(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """backward's gradients, differentiable: the NLL computed again by autograd (`_readable_adaptive_nll`) from
+        the saved inputs, which carry their graphs here, and differentiated with `create_graph`."""
+        hidden_states, targets, *rest = ctx.saved_tensors
+        # Aliases (one node each): the gradient for each input alone. The inputs themselves may depend on each other
+        # (hidden states from an embedding tied to an output layer), and autograd.grad would follow those paths too.
+        inputs = [
+            None if tensor is None else tensor.view_as(tensor) for tensor in (hidden_states, *rest[: ctx.num_flat])
+        ]
+        wanted = [i for i, tensor in enumerate(inputs) if tensor is not None and ctx.needs_input_grad[4 + i]]
+        hidden_states, flat = inputs[0], inputs[1:]
+        clusters = [tuple(flat[index : index + 3]) for index in range(0, len(flat), 3)]
+        nll = _readable_adaptive_nll(hidden_states, targets, clusters, ctx.bounds, ctx.ignore_index)
+        found = torch.autograd.grad(nll, [inputs[i] for i in wanted], grad_nll, create_graph=True, allow_unused=True)
+        grads: list[torch.Tensor | None] = [None] * len(inputs)
+        for i, grad in zip(wanted, found):
+            grads[i] = grad if grad is not None else torch.zeros_like(inputs[i])
+        return None, None, None, None, *grads
+
+    @staticmethod
+    @_first_derivative(
+        "the adaptive softmax's loss", second=lambda ctx, grad_nll: _ChunkedAdaptiveNLL._second(ctx, grad_nll)
+    )
     def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden_states, targets, *rest = ctx.saved_tensors
         flat, grads = rest[: ctx.num_flat], rest[ctx.num_flat :]
@@ -831,6 +896,35 @@ class _ChunkedAdaptiveNLL(torch.autograd.Function):
                 hidden_states, targets, clusters, ctx.bounds, ctx.ignore_index, ctx.chunk_rows, grad_nll
             )
         return None, None, None, None, *grads
+
+
+def _readable_adaptive_nll(
+    hidden_states: torch.Tensor,
+    targets: torch.Tensor,
+    clusters: Sequence[ClusterTensors],
+    bounds: Sequence[int],
+    ignore_index: int,
+) -> torch.Tensor:
+    """`adaptive_nll`'s values `[N]` by plain autograd, every cluster's log-softmax over every row (for the second
+    derivative's rare backward, where its memory does not matter)."""
+    shortlist_size = bounds[1]
+    valid = targets != ignore_index
+
+    def log_probs(cluster: int) -> torch.Tensor:  # [N, n_i]
+        weight, bias, projection = clusters[cluster]
+        inputs = hidden_states if projection is None else hidden_states @ projection
+        return F.log_softmax(F.linear(inputs, weight, bias).float(), dim=-1)
+
+    head_targets = torch.where(valid & (targets < shortlist_size), targets, 0)
+    tail_terms = torch.zeros(hidden_states.shape[0], dtype=torch.float32, device=hidden_states.device)
+    for cluster in range(1, len(clusters)):
+        low, high = bounds[cluster], bounds[cluster + 1]
+        in_cluster = (targets >= low) & (targets < high)
+        head_targets = torch.where(in_cluster, shortlist_size + cluster - 1, head_targets)
+        inside = log_probs(cluster).gather(1, torch.where(in_cluster, targets - low, 0)[:, None]).squeeze(1)
+        tail_terms = tail_terms + torch.where(in_cluster, inside, 0.0)
+    head = log_probs(0).gather(1, head_targets[:, None]).squeeze(1)
+    return torch.where(valid, -(head + tail_terms), 0.0)
 
 
 def _adaptive_nll_and_grads(

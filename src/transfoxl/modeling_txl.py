@@ -505,8 +505,8 @@ class TxlRelativeAttention(nn.Module):
         # Training after post-LN: the memory is a stop-gradient, so the keys and values of [memory; segment] come
         # from `memory_linear`, whose backward skips the memory rows' input gradient (autograd would compute it and
         # drop it at the concatenation); it concatenates them itself. Not on the eager path, the readable reference,
-        # whose attention is differentiable twice (a gradient penalty, Hessian-vector products; the model as a whole
-        # only with dropout 0: the dropout kernels' backward is once-differentiable).
+        # which is differentiable twice (a gradient penalty, Hessian-vector products: the dropout and loss kernels
+        # give their second derivatives; the attention kernels and this one raise where one is asked of them).
         sliced = (
             not kept and hidden_memory is not None and hidden_memory.shape[1] > 0 and _is_plain_linear(self.qkv_proj)
         )
