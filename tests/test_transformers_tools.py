@@ -969,6 +969,26 @@ def test_a_program_exported_with_a_dynamic_length_equals_eager_at_every_length(a
         torch.testing.assert_close(program(input_ids=ids, use_cache=False)["logits"], eager, rtol=1e-5, atol=1e-5)
 
 
+def test_torch_export_takes_named_dims_for_the_batch_and_the_length(one_thread):
+    """Named dims (`Dim("seq", min=2, max=64)`, what export tutorials and transformers' own exporters use) are checked
+    by torch.export against every guard the trace adds. The sinusoid's distances were an arange with a float step,
+    whose length torch traces as ceil(K / 1.0): guards no length satisfies, and export refused the dims."""
+    torch.manual_seed(0)
+    model = TxlForCausalLM(tiny_config(mem_len=8)).eval()
+    batch, seq = torch.export.Dim("batch", min=2, max=8), torch.export.Dim("seq", min=2, max=64)
+    program = torch.export.export(
+        model,
+        (),
+        {"input_ids": random_ids(2, 6), "use_cache": False},
+        dynamic_shapes={"input_ids": {0: batch, 1: seq}, "use_cache": None},
+    ).module()
+    for size, length in ((2, 2), (3, 9), (8, 64)):
+        ids = random_ids(size, length, seed=length)
+        with torch.no_grad():
+            eager = model(ids, use_cache=False).logits
+        torch.testing.assert_close(program(input_ids=ids, use_cache=False)["logits"], eager, rtol=1e-5, atol=1e-5)
+
+
 def test_an_exported_program_takes_back_the_memory_it_returns(one_thread):
     """A decode loop over an exported program: each call takes the memory the previous one returned (the memory's
     pytree context is its structure only, not the token count a traced forward cannot keep), and the logits follow

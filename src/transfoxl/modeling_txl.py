@@ -139,7 +139,8 @@ def sinusoid_positions(
     Distances above `clamp_len` (when > 0) reuse the encoding of `clamp_len`.
     """
     # Angles in float32 whatever the model's dtype: a distance of 1000 is not representable in bfloat16.
-    distances = torch.arange(k_len - 1, -1, -1.0, device=device, dtype=torch.float32)  # [K]
+    # (An integer step: a float one makes a traced length ceil(K / 1.0), which torch.export cannot prove equal to K.)
+    distances = torch.arange(k_len - 1, -1, -1, device=device, dtype=torch.float32)  # [K]
     if clamp_len > 0:
         distances = distances.clamp(max=clamp_len)
     inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=torch.float32) / d_model))
