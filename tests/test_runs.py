@@ -17,6 +17,7 @@ from transfoxl.runs import (
     checkpoint_name,
     complete_checkpoints,
     read_json_object,
+    vocabulary_digest,
 )
 
 
@@ -138,3 +139,11 @@ def test_the_data_source_is_the_given_one_else_the_runs_else_the_built_in_corpus
     train.unlink()
     with pytest.raises(RunFolderError, match=r"names the text file .*train.txt, which does not exist \(here\)"):
         run.data_source()
+
+
+def test_the_vocabulary_digest_is_the_ids_not_their_order() -> None:
+    """What an evaluation report records of its tokenizer, and publish.py compares with the run's."""
+    vocabulary = {"<unk>": 0, "a": 1, "b": 2}
+    assert vocabulary_digest(vocabulary) == vocabulary_digest(dict(reversed(vocabulary.items())))
+    assert vocabulary_digest(vocabulary) != vocabulary_digest({"<unk>": 0, "a": 2, "b": 1})
+    assert vocabulary_digest(vocabulary) != vocabulary_digest({**vocabulary, "c": 3})

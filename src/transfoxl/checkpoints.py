@@ -38,6 +38,7 @@ This module needs only the standard library, torch, safetensors and huggingface_
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import pickle
@@ -45,7 +46,7 @@ import re
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from safetensors import SafetensorError
@@ -63,8 +64,10 @@ __all__ = [
     "check_safetensors_file",
     "check_torch_file",
     "check_weight_file",
+    "close_local_paths",
     "is_hub_repo_id",
     "load_checked",
+    "local_path_problem",
     "safetensors_problem",
     "torch_load_problem",
     "weight_files",
@@ -371,6 +374,43 @@ def is_hub_repo_id(name: str) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+def close_local_paths(name: str) -> list[str]:
+    """Existing paths spelt like `name`, which does not exist: its nearest existing folder's entries closest to the
+    first missing part (`runs/mrun` -> `runs/myrun`), as typed; [] where none is close."""
+    parts = Path(name).parts
+    depth = len(parts) - 1
+    while depth > 0 and not Path(*parts[:depth]).expanduser().is_dir():
+        depth -= 1
+    folder = Path(*parts[:depth]).expanduser() if depth else Path(".")
+    try:
+        entries = sorted(entry.name for entry in folder.iterdir())
+    except OSError:
+        return []
+    matches = difflib.get_close_matches(parts[depth] if parts else name, entries, n=3, cutoff=0.6)
+    return [os.path.join(*parts[:depth], match) for match in matches]
+
+
+def local_path_problem(name: str) -> str | None:
+    """ "no such folder ..." where `name` does not exist and clearly is a local path, not a Hub id: it starts with
+    `./`, `../`, `~` or `/`, is not a valid repo id, or its first part is a folder here (`runs/mrun` beside `runs/`,
+    a mistyped `runs/myrun`, which the Hub would otherwise be asked for, retries included). None: it exists, or may be
+    a Hub id."""
+    if Path(name).expanduser().exists():
+        return None
+    parts = Path(name).parts
+    marked = name.startswith(("./", "../", "~", "/", ".\\", "..\\")) or PureWindowsPath(name).is_absolute()
+    if marked or name in (".", "..") or not is_hub_repo_id(name):
+        first_is_folder = False
+    elif len(parts) > 1 and Path(parts[0]).is_dir():  # an owner/name that is also a path into a folder here
+        first_is_folder = True
+    else:
+        return None
+    why = f" ({parts[0]} is a folder here, so it is not looked up on the Hub)" if first_is_folder else ""
+    close = close_local_paths(name)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"no such folder{why}{hint}"
 
 
 def _check_source(source: Any, *, subfolder: str, kwargs: Mapping[str, Any]) -> None:

@@ -55,6 +55,7 @@ from .checkpoints import (
     RefusedPickleError,
     ShardIndexError,
     hub_snapshot_of,
+    local_path_problem,
     weight_files,
 )
 from .configuration_txl import TransfoXLConfig, TxlConfig
@@ -163,6 +164,8 @@ def resolve_source(source: str, revision: str | None = None) -> Source:
         if revision is not None:
             raise ConversionError(f"SOURCE {source} is a local folder: --revision {revision} applies to a Hub repo id")
         return Source(path, *_cache_name(path))
+    if problem := local_path_problem(source):  # a mistyped local folder: said now, not after the Hub's retries
+        raise ConversionError(f"SOURCE {source}: {problem}")
     if not is_repo_id(source):
         raise ConversionError(f"SOURCE {source}: no such folder (and not a Hub repo id of the form org/name)")
     try:

@@ -39,6 +39,7 @@ __all__ = [
     "memory_lengths_plot",
     "memory_lengths_table",
     "perplexity",
+    "segments_for_targets",
 ]
 
 LN2 = math.log(2)
@@ -107,6 +108,13 @@ class StreamEvaluation:
             "perplexity": self.perplexity,
             "bits_per_token": self.bits_per_token,
         }
+
+
+def segments_for_targets(max_targets: int, *, batch_size: int, tgt_len: int) -> int | None:
+    """`--max-eval-tokens` (train.py and evaluate.py alike) as `evaluate_stream`'s `max_segments`: about
+    `max_targets` targets, in whole segments of every column (at least one); 0: None, the whole stream."""
+    require_integer(max_targets, "max_targets", minimum=0)
+    return max(1, max_targets // (batch_size * tgt_len)) if max_targets else None
 
 
 def is_character_level(tokenizer: Any) -> bool:
@@ -247,11 +255,13 @@ def evaluate_memory_lengths(
     clamp_len: int | None = None,
     same_length: bool | None = None,
     autocast_dtype: torch.dtype | None = None,
+    max_segments: int | None = None,
     progress: bool | str = False,
 ) -> list[dict[str, Any]]:
     """`evaluate_stream` once per memory length (the paper's table: the same text, longer memories), one row each:
     `StreamEvaluation.to_dict()` with `seconds` and `tokens_per_second`. `autocast_dtype` (bf16, fp16) runs each
-    evaluation under `torch.autocast` on the model's device; `progress` (a str: its label) shows a bar per length."""
+    evaluation under `torch.autocast` on the model's device; `max_segments` stops each one early (the same targets
+    at every length); `progress` (a str: its label) shows a bar per length."""
     device = next(model.parameters()).device
     rows = []
     for mem_len in mem_lens:
@@ -270,6 +280,7 @@ def evaluate_memory_lengths(
                 mem_len=mem_len,
                 clamp_len=clamp_len,
                 same_length=same_length,
+                max_segments=max_segments,
                 progress=label,
             )
         seconds = time.perf_counter() - started  # (float(nll_sum) inside evaluate_stream waited for the device)

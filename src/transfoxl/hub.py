@@ -8,6 +8,10 @@ card from `transfoxl.model_card`. `upload` sends that folder with `HfApi` (`crea
 commit; the token is `--token` or huggingface_hub's own `get_token()` (HF_TOKEN, then `hf auth login`'s), and each
 of huggingface_hub's errors becomes one line saying what to do (`upload_error_message`).
 
+An eval/ report made with another tokenizer, or on other text, than the run's is found by `eval_report_problems`
+(`Publication.eval_mismatches`): the command line refuses it unless told to publish it, and the card then says so
+beside it.
+
 Never committed: `checkpoints/` (optimizer and random states), `logs/`, hidden files, `train_args.json` (it holds
 absolute local paths; `training_args.json` is its sanitized copy), nor anything else in the run folder.
 
@@ -40,10 +44,19 @@ from huggingface_hub.errors import (
 from tokenizers import Tokenizer
 from transformers.dynamic_module_utils import get_relative_imports
 
+from .checkpoints import close_local_paths
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
-from .model_card import CONVERSION_RECORD, base_model_of, card_for_conversion, card_for_run
-from .runs import TEXT_FILE_OPTIONS, RunFolder, RunFolderError, read_json_object
+from .model_card import CONVERSION_RECORD, base_model_of, card_for_conversion, card_for_run, percent
+from .runs import (
+    TEXT_FILE_OPTIONS,
+    TRAIN_ARGS,
+    RunFolder,
+    RunFolderError,
+    read_json_object,
+    text_files_of,
+    vocabulary_digest,
+)
 
 try:  # get_token raises it when HF_OIDC_RESOURCE is set and the exchange fails (Trusted Publishers, huggingface_hub 2)
     from huggingface_hub.errors import OIDCError
@@ -53,6 +66,7 @@ except ImportError:  # an older huggingface_hub: get_token does not raise
 __all__ = [
     "Publication",
     "PublishError",
+    "eval_report_problems",
     "folder_listing",
     "read_run_folder",
     "resolve_token",
@@ -101,6 +115,9 @@ class Publication:
     metrics: dict[str, Any] | None = None
     train_args: dict[str, Any] | None = None
     eval_reports: dict[str, Any] = field(default_factory=dict)  # "eval/eval-test.json" -> its content
+    # The reports whose tokenizer or text is not the run's: "eval/eval-test.json" -> why, in words
+    eval_mismatches: dict[str, str] = field(default_factory=dict)
+    vocabulary_sha256: str | None = None  # of the run's tokenizer.json (`runs.vocabulary_digest`)
     conversion: dict[str, Any] | None = None  # conversion.json of a folder made by scripts/convert.py
     base: dict[str, Any] | None = None  # the model a training run fine-tuned (`model_card.base_model_of`)
     warnings: list[str] = field(default_factory=list)
@@ -133,7 +150,10 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
     """Check `run_dir` and collect what will be published; raises `RunFolderError` naming the problem."""
     run = RunFolder(run_dir)
     if not run.path.exists():
-        raise RunFolderError(f"RUN_DIR {run.path} does not exist")
+        close = close_local_paths(str(run.path))
+        raise RunFolderError(
+            f"RUN_DIR {run.path} does not exist" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+        )
     if not run.exists():
         raise RunFolderError(f"RUN_DIR {run.path} is not a folder")
     if not run.has_config():
@@ -177,7 +197,72 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
         publication.files[name] = path
         if path.suffix == ".json":
             publication.eval_reports[name] = read_json_object(path)
+            if problems := eval_report_problems(publication, publication.eval_reports[name]):
+                publication.eval_mismatches[name] = "; ".join(problems)
     return publication
+
+
+def mismatched_reports_message(publication: Publication) -> str:
+    """The refusal of the reports in `eval_mismatches`, with what to do, in one line."""
+    listed = "; ".join(f"{name}: {why}" for name, why in sorted(publication.eval_mismatches.items()))
+    return (
+        f"RUN_DIR {publication.path}: evaluation reports that do not measure this run's model with its tokenizer on "
+        f"its text would be published beside its results ({listed}). Evaluate again with the run's tokenizer and "
+        "data (scripts/evaluate.py RUN_DIR with no --tokenizer or data option), move the report out of eval/, or "
+        "pass --include-mismatched-eval to publish it marked as such on the model card"
+    )
+
+
+def eval_report_problems(publication: Publication, report: dict[str, Any]) -> list[str]:
+    """How an evaluate.py report's tokenizer or text differs from the run's, in words ([]: none found).
+
+    The tokenizer: its recorded vocabulary digest against the run's tokenizer.json (a report from before digests were
+    recorded: its tokenizer's folder against the model's). The text (a run with train_args.json): the report's data
+    source against the run's options for that split, and its token count against metrics.json's."""
+    problems = []
+    tokenizer = report.get("tokenizer") if isinstance(report.get("tokenizer"), dict) else {}
+    digest, source = tokenizer.get("vocabulary_sha256"), tokenizer.get("source")
+    own_folders = {report.get("model_dir"), str(publication.path.resolve())}
+    if digest is not None and publication.vocabulary_sha256 is not None and digest != publication.vocabulary_sha256:
+        problems.append(f"made with another tokenizer ({base_name(str(source))}, {tokenizer.get('size')} tokens)")
+    elif digest is None and source not in own_folders:
+        problems.append(f"made with the tokenizer of {base_name(str(source))}, not recorded as the run's")
+    data = report.get("data") if isinstance(report.get("data"), dict) else {}
+    split = data.get("split")
+    train_args = publication.train_args
+    if train_args is None or split not in TEXT_FILE_OPTIONS:
+        return problems
+    text = other_text(data.get("source") if isinstance(data.get("source"), dict) else {}, train_args, split)
+    counted = ((publication.metrics or {}).get("data") or {}).get(split)
+    if text is None and isinstance(counted, int) and data.get("split_tokens") not in (None, counted):
+        text = f"its {split} split has {data['split_tokens']:,} tokens, the run's had {counted:,}"
+    if text is not None:
+        problems.append(f"on other text than the run's ({text})")
+    return problems
+
+
+def other_text(source: dict[str, Any], train_args: dict[str, Any], split: str) -> str | None:
+    """How an evaluation's data source (`runs.DataSource._asdict()`) reads another `split` than the run of
+    `train_args` did, in words; None where it is the run's."""
+    run_files = text_files_of(train_args)
+    run_dataset = (train_args.get("dataset_name"), train_args.get("dataset_config"))
+    if str(source.get("origin", "")).endswith(TRAIN_ARGS) or source.get("origin") == "default":
+        # the run's own source (evaluate.py read train_args.json), or the built-in corpus (it found none there)
+        if source.get("origin") == "default" and (run_files or run_dataset[0]):
+            return "the built-in corpus"
+        cut = split != "test" and "validation" not in run_files and run_files
+        fraction, run_fraction = source.get("validation_fraction"), train_args.get("validation_fraction")
+        if cut and None not in (fraction, run_fraction) and float(fraction) != float(run_fraction):
+            return f"--validation-fraction {fraction}, the run's {run_fraction}"
+        return None
+    if source.get("dataset_name") is not None:
+        given = (source.get("dataset_name"), source.get("dataset_config"))
+        return None if given == run_dataset else f"dataset {given[0]} ({given[1]})"
+    files = (source.get("text_files") or {}).get(split) or []
+    resolved = {str(Path(path).resolve()) for path in files}
+    if resolved == {str(Path(path).resolve()) for path in run_files.get(split, [])}:
+        return None
+    return f"{', '.join(base_name(str(path)) for path in files)} as its {split} text"
 
 
 # conversion.json's fields and their types (`model_card.conversion_record`); None is allowed for each.
@@ -366,9 +451,11 @@ def check_tokenizer_size(publication: Publication) -> None:
     """Ids the tokenizer produces must index the model's vocabulary (fewer tokenizer ids is harmless)."""
     path = publication.path / "tokenizer.json"
     try:
-        size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+        vocabulary = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
     except Exception as error:  # the tokenizers library raises its own exception type on a malformed file
         raise RunFolderError(f"{path} is not a readable tokenizer ({error})") from None
+    size = len(vocabulary)
+    publication.vocabulary_sha256 = vocabulary_digest(vocabulary)
     vocab_size = TxlConfig.from_dict(dict(publication.config)).vocab_size  # v4 files may leave it out: the default
     if size > vocab_size:
         raise RunFolderError(
@@ -466,7 +553,25 @@ def run_card(publication: Publication, repo_id: str, license_id: str, datasets: 
         train_args=sanitize(publication.train_args),
         files=sorted(publication.files),
         base=publication.base,
+        report_notes=report_notes(publication),
     )
+
+
+def report_notes(publication: Publication) -> dict[str, str]:
+    """What the card says beside each eval/ report (its .md): a tokenizer or text not the run's (published only when
+    asked), a share of unknown tokens."""
+    notes = {}
+    for name, report in publication.eval_reports.items():
+        parts = []
+        if name in publication.eval_mismatches:
+            parts.append(f"not comparable with this model's own results: {publication.eval_mismatches[name]}")
+        share = (report.get("data") or {}).get("unknown_share") if isinstance(report.get("data"), dict) else None
+        if isinstance(share, (int, float)) and share > 0:
+            unk = (report.get("tokenizer") or {}).get("unk_token") or "<unk>"
+            parts.append(f"{percent(share)} of its tokens are `{unk}`")
+        if parts:
+            notes[name.removesuffix(".json") + ".md"] = "; ".join(parts)
+    return notes
 
 
 def write_hub_folder(

@@ -25,7 +25,16 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from .checkpoints import hub_snapshot_of, is_hub_repo_id
 from .runs import text_files_of
 
-__all__ = ["PAPER", "TAGS", "DataSource", "card_for_conversion", "card_for_run", "eval_results", "format_number"]
+__all__ = [
+    "PAPER",
+    "TAGS",
+    "DataSource",
+    "card_for_conversion",
+    "card_for_run",
+    "eval_results",
+    "format_number",
+    "percent",
+]
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 TAGS = ["transformer-xl", "txl", "text-generation", "custom_code"]
@@ -67,6 +76,11 @@ def format_number(value: Any, digits: int | None = 4) -> str:
             return str(value)
         return f"{value:g}" if digits is None else f"{value:,.{digits}f}"
     return str(value)
+
+
+def percent(share: float) -> str:
+    """A share as a percentage with 3 significant digits: 0.0123 -> "1.23%", 2.5e-05 -> "0.0025%"."""
+    return f"{100 * share:.3g}%"
 
 
 def fence(text: str) -> str:
@@ -192,8 +206,11 @@ def eval_results(
     return results
 
 
-def evaluation_values(metrics: dict[str, Any], unit: str, files: Sequence[str]) -> dict[str, Any] | None:
-    """The evaluation table (one row per split and memory length) and the sweep reports to link."""
+def evaluation_values(
+    metrics: dict[str, Any], unit: str, files: Sequence[str], report_notes: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """The evaluation table (one row per split and memory length) and the sweep reports to link, each with its note
+    from `report_notes` (`{"eval/eval-test.md": note}`)."""
     evaluation = metrics.get("evaluation") or {}
     if not evaluation:
         return None
@@ -221,7 +238,10 @@ def evaluation_values(metrics: dict[str, Any], unit: str, files: Sequence[str]) 
         "unit": unit_name(unit),
         "rows": rows,
         "settings": settings_line,
-        "reports": sorted(name for name in files if name.startswith("eval/") and name.endswith(".md")),
+        "reports": [
+            {"name": name, "note": (report_notes or {}).get(name)}
+            for name in sorted(name for name in files if name.startswith("eval/") and name.endswith(".md"))
+        ],
         "images": sorted(name for name in files if name.startswith("eval/") and name.endswith(".png")),
     }
 
@@ -238,6 +258,11 @@ def training_values(
     environment = metrics.get("environment") or {}
     tokenizer = metrics.get("tokenizer") or {}
     parameters = (metrics.get("model") or {}).get("parameters")
+    shares = {
+        split: share
+        for split, share in (metrics.get("unknown_share") or {}).items()
+        if isinstance(share, (int, float)) and not isinstance(share, bool)
+    }
     return {
         "data": source.describe() if source is not None else None,
         "token_counts": ", ".join(
@@ -245,6 +270,13 @@ def training_values(
         ),
         "tokenizer": {"kind": tokenizer.get("kind"), "size": format_number(tokenizer.get("vocab_size"))}
         if tokenizer
+        else None,
+        # shown only where some text fell outside the vocabulary
+        "unknown": {
+            "token": tokenizer.get("unk_token") or "<unk>",
+            "shares": ", ".join(f"{split} {percent(share)}" for split, share in shares.items()),
+        }
+        if any(share > 0 for share in shares.values())
         else None,
         "config": config,
         "parameters": format_number(parameters) if parameters else None,
@@ -372,9 +404,11 @@ def card_for_run(
     train_args: dict[str, Any] | None,
     files: Sequence[str],
     base: dict[str, Any] | None = None,
+    report_notes: dict[str, str] | None = None,
 ) -> ModelCard:
     """The card of a training run published as `repo_id`: `metrics` and `train_args` as published (local paths cut),
-    `files` the paths in the repository, `base` the model it fine-tuned (`base_model_of`), if any."""
+    `files` the paths in the repository, `base` the model it fine-tuned (`base_model_of`), if any, `report_notes`
+    what to say beside an eval/ report (`{"eval/eval-test.md": note}`)."""
     source = DataSource.from_train_args(train_args)
     if datasets is None and source is not None and source.kind == "hub":
         datasets = [source.dataset_id]
@@ -421,7 +455,7 @@ def card_for_run(
         repo_id=repo_id,
         has_tokenizer=True,
         eval_mem_len=eval_mem_len if isinstance(eval_mem_len, int) and eval_mem_len != train_mem_len else None,
-        evaluation=evaluation_values(metrics, unit, files),
+        evaluation=evaluation_values(metrics, unit, files, report_notes),
         training=training_values(config, metrics, train_args or {}, source),
         curves="curves.png" in files,
         sample=(

@@ -26,10 +26,12 @@ neither torch nor transformers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,6 +48,7 @@ __all__ = [
     "complete_checkpoints",
     "read_json_object",
     "text_files_of",
+    "vocabulary_digest",
 ]
 
 CONFIG = "config.json"
@@ -122,6 +125,14 @@ def text_files_of(train_args: dict[str, Any]) -> dict[str, list[str]]:
         if value:
             files[split] = [str(value)] if isinstance(value, str) else [str(path) for path in value]
     return files
+
+
+def vocabulary_digest(vocabulary: Mapping[str, int]) -> str:
+    """A SHA-256 of a tokenizer's `{token: id}` (added tokens included): equal digests, the same ids for the same
+    text, whatever folder the tokenizer was read from (an evaluation report records it; publishing compares it with
+    the run's tokenizer)."""
+    items = sorted((str(token), int(index)) for token, index in vocabulary.items())
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 class DataSource(NamedTuple):

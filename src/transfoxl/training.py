@@ -84,14 +84,21 @@ from .data import (
     tokenize_corpus,
     unknown_share,
 )
-from .evaluation import StreamEvaluation, bits, evaluate_stream, is_character_level, perplexity
+from .evaluation import (
+    StreamEvaluation,
+    bits,
+    evaluate_stream,
+    is_character_level,
+    perplexity,
+    segments_for_targets,
+)
 from .files import fsync_dir, fsync_tree, save_pretrained_atomically, write_bytes_atomically, write_json_atomically
 from .hub import loading_failure
 from .modeling_txl import TxlForCausalLM, TxlMemory
 from .presets import PRESETS, config_from_preset
 from .runs import RunFolder, RunFolderError, checkpoint_name, complete_checkpoints
 from .streaming import TxlStream
-from .tokenization.tokenization_txl import TOKENIZER_KINDS, train_tokenizer
+from .tokenization.tokenization_txl import TOKENIZER_KINDS, train_tokenizer, without_loading_state
 
 __all__ = [
     "FREE_ON_RESUME",
@@ -271,7 +278,8 @@ def build_tokenizer(args: argparse.Namespace, train_lines: Any) -> PreTrainedTok
             args.tokenizer, train_lines, vocab_size=args.vocab_size, min_freq=min_freq, lower_case=args.lower_case
         )
     try:
-        return AutoTokenizer.from_pretrained(args.tokenizer)
+        # Saved in the run folder as it is: without where it was read from (transformers keeps that in its settings).
+        return without_loading_state(AutoTokenizer.from_pretrained(args.tokenizer))
     except (OSError, ValueError) as failure:
         error = loading_failure(failure, args.tokenizer)
         if args.tokenizer != args.model_name_or_path:
@@ -729,17 +737,32 @@ def evaluate_all_processes(
     return result
 
 
+# A UTF-8 character has at most 3 bytes after its first: a cut stream starts with at most 3 tokens of them.
+_MAX_PARTIAL_TOKENS = 3
+
+
+def clean_start(tokenizer: Any, ids: torch.Tensor) -> torch.Tensor:
+    """`ids` `[N]` from its first token that begins a character: a byte-level BPE stream cut mid-character starts with
+    continuation bytes, which decode as U+FFFD (the replacement character)."""
+    for skip in range(min(_MAX_PARTIAL_TOKENS, len(ids) - 1) + 1):
+        # A few tokens, not one: a character's first byte alone decodes as U+FFFD too, with the rest of it not.
+        if not tokenizer.decode(ids[skip : skip + 8].tolist()).startswith("\ufffd"):
+            return ids[skip:]
+    return ids
+
+
 @torch.no_grad()
 def sample_text(
     model: TxlForCausalLM, tokenizer: Any, context: torch.Tensor, args: argparse.Namespace
 ) -> tuple[str, str]:
     """Feed the end of `context` `[N]` into a memory of `--eval-mem-len` and sample `--sample-len` tokens after it.
 
-    Returns (the last part of the context, the generated text).
+    Returns (the last part of the context, the generated text). Both cuts of the context start on a character
+    (`clean_start`).
     """
     device = next(model.parameters()).device
     mem_len = max(args.eval_mem_len, args.eval_tgt_len)
-    context = context[-(mem_len + args.eval_tgt_len) :].to(device)
+    context = clean_start(tokenizer, context[-(mem_len + args.eval_tgt_len) :]).to(device)
     stream = TxlStream(model, segment_len=args.eval_tgt_len, mem_len=mem_len)
     stream.feed(context[None])
     torch.manual_seed(args.seed)
@@ -752,7 +775,8 @@ def sample_text(
         temperature=SAMPLE_TEMPERATURE,
         eos_token_id=None,
     )
-    return tokenizer.decode(context[-200:].tolist()), tokenizer.decode(new_ids[0].tolist())
+    shown = clean_start(tokenizer, context[-200:])
+    return tokenizer.decode(shown.tolist()), tokenizer.decode(new_ids[0].tolist())
 
 
 def all_finite(tensors: Any) -> bool:
@@ -891,6 +915,7 @@ class Trainer:
         self.memories = [TxlMemory.from_config(config, args.mem_len) for _ in range(args.grad_accum)]
         self.checkpoints = Checkpoints(accelerator, run.checkpoints_dir, args.keep_checkpoints)
         self.progress = TrainingProgress()
+        self.step_lr = args.lr  # the learning rate the last step applied (the history records it)
 
     # -- start
 
@@ -992,6 +1017,8 @@ class Trainer:
             if not math.isfinite(loss) or not (math.isfinite(grad_norm) or args.mixed_precision == "fp16"):
                 self.skip_nonfinite_step(loss, grad_norm)
                 continue
+            # Read before the scheduler moves on: after its step it holds the next step's rate.
+            self.step_lr = self.optimizer.param_groups[0]["lr"]
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -1097,10 +1124,11 @@ class Trainer:
         )
 
     def log_training(self, bar: tqdm) -> None:
-        """A history entry: the mean loss since the last one, the learning rate, tokens and seconds."""
+        """A history entry: the mean loss since the last one, the learning rate of its last step, tokens and
+        seconds."""
         progress = self.progress
         mean = progress.window_loss / progress.window_steps
-        row = {"step": progress.step, "loss": mean, "lr": self.scheduler.get_last_lr()[0]}
+        row = {"step": progress.step, "loss": mean, "lr": self.step_lr}
         progress.history["train"].append({**row, "tokens": progress.tokens_seen, "seconds": progress.train_seconds})
         self.accelerator.log({"train/loss": mean, "train/lr": row["lr"]}, step=progress.step)
         bar.set_postfix(
@@ -1159,9 +1187,9 @@ class Trainer:
             "clamp_len": args.eval_clamp_len,
             "same_length": args.eval_same_length,
             # --max-eval-tokens: the first segments of every column, the same targets at every memory length
-            "max_segments": max(1, args.max_eval_tokens // (args.eval_batch_size * args.eval_tgt_len))
-            if args.max_eval_tokens
-            else None,
+            "max_segments": segments_for_targets(
+                args.max_eval_tokens, batch_size=args.eval_batch_size, tgt_len=args.eval_tgt_len
+            ),
         }
         show = args.progress and accelerator.is_main_process
         plan = [("validation", mem_len) for mem_len in sorted({0, args.mem_len, args.eval_mem_len})]
@@ -1244,8 +1272,14 @@ class Trainer:
                 "d_model": config.d_model,
                 "fine_tuned_from": args.model_name_or_path,
             },
-            "tokenizer": {"kind": args.tokenizer, "vocab_size": len(self.tokenizer)},
+            "tokenizer": {
+                "kind": args.tokenizer,
+                "vocab_size": len(self.tokenizer),
+                "unk_token": self.tokenizer.unk_token,
+            },
             "data": {split: stream.numel() for split, stream in self.streams.items()},
+            # the share of each split's tokens that are <unk> (text outside the vocabulary; load_data warns of it)
+            "unknown_share": {split: unknown_share(stream, self.tokenizer) for split, stream in self.streams.items()},
             "sample": sample,
             "environment": {
                 "processes": self.world_size,

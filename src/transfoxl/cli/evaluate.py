@@ -7,8 +7,9 @@ holds states, not parameters, so any length works with any trained model: evalua
 training is how the paper reports its best numbers. One evaluation is run per memory length, and the results go to
 the terminal and to the output folder (default `MODEL_DIR/eval`):
 
-- `eval-<split>.json`: the settings, the model and tokenizer, one row per memory length (negative log-likelihood
-  sum, targets, loss, perplexity, bits per token, seconds, tokens per second);
+- `eval-<split>.json`: the settings, the model and tokenizer (a digest of its vocabulary), the text (its source, its
+  token count, its share of `<unk>`), one row per memory length (negative log-likelihood sum, targets, loss,
+  perplexity, bits per token, seconds, tokens per second);
 - `eval-<split>.md`: the table as Markdown;
 - `eval-<split>.png`: bits per token (bpc) against the memory length.
 
@@ -16,13 +17,16 @@ From the repository root:
 
     python scripts/evaluate.py runs/<run>                              # the test split, the training memory length
     python scripts/evaluate.py runs/<run> --mem-len 0,128,512          # no memory, the training one, a longer one
-    python scripts/evaluate.py runs/<run> --split validation --max-tokens 20000   # a quick look
+    python scripts/evaluate.py runs/<run> --split validation --max-tokens 20000   # a quick look: the first 20,000
+    python scripts/evaluate.py runs/<run> --max-eval-tokens 65536      # about 65,536 targets, as train.py's option
     python scripts/evaluate.py runs/<run> --test-file my.txt           # another text, same tokenizer
     python scripts/evaluate.py runs/<run> --device cuda --dtype bfloat16 --batch-size 8
     python scripts/evaluate.py --help
 
 MODEL_DIR is a folder holding a saved `TxlForCausalLM` (`config.json`, `model.safetensors`) and its tokenizer: a
-`scripts/train.py` run folder, or any `save_pretrained` output (`--tokenizer` names another tokenizer folder).
+`scripts/train.py` run folder, or any `save_pretrained` output (`--tokenizer` names another tokenizer folder; one
+with more tokens than the model has ids is refused, one whose ids differ from the model's own tokenizer's, or whose
+size differs from the model's vocabulary, is evaluated with a warning, and the report says so).
 
 The text: with no data option, a run folder's `train_args.json` gives the data source the model was trained on, so
 `--split validation` is the very text it was validated on; without one, the built-in corpus (Shakespeare's plays,
@@ -31,7 +35,9 @@ split by play, see `transfoxl.data.builtin_corpus`). `--train-file`, `--validati
 
 The numbers. Every token of the stream but the first is a target, scored exactly once (with `--batch-size B` the
 stream is cut into B columns, the first token of each column is not scored, and the last N mod B tokens, which fill
-no column, are not read). The loss is the mean negative
+no column, are not read). `--max-tokens N` reads only the first N tokens of the split; `--max-eval-tokens N`, as in
+train.py, scores about N targets: the first segments of every column, whole (at least one), the same targets at
+every memory length. The loss is the mean negative
 log-likelihood per target in nats; perplexity is `exp(loss)`; bits per token are `loss / ln 2`. With a
 character-level tokenizer a token is a character and bits per token are bits per character (**bpc**, the unit of the
 paper's enwik8 / text8 results; lines end with a newline character, which counts as one). With a word or subword
@@ -52,6 +58,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .. import TxlConfig, TxlForCausalLM
+from ..checkpoints import close_local_paths, local_path_problem
 from ..data import (
     UNKNOWN_SHARE_WARNING,
     StreamBatcher,
@@ -60,9 +67,23 @@ from ..data import (
     tokenize_corpus,
     unknown_share,
 )
-from ..evaluation import evaluate_memory_lengths, is_character_level, memory_lengths_plot, memory_lengths_table
+from ..evaluation import (
+    evaluate_memory_lengths,
+    is_character_level,
+    memory_lengths_plot,
+    memory_lengths_table,
+    segments_for_targets,
+)
 from ..files import folder_problem, write_bytes_atomically, write_json_atomically, write_text_atomically
-from ..runs import TEXT_FILE_OPTIONS, WEIGHT_FILES, DataSource, MissingTextFile, RunFolder, RunFolderError
+from ..runs import (
+    TEXT_FILE_OPTIONS,
+    WEIGHT_FILES,
+    DataSource,
+    MissingTextFile,
+    RunFolder,
+    RunFolderError,
+    vocabulary_digest,
+)
 from .options import (
     add_corpus_options,
     library_progress_bars,
@@ -122,12 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_corpus_options(data, defaults_from_run=True)
     data.add_argument(
         "--max-tokens",
-        "--max-eval-tokens",  # (train.py's name for it)
-        dest="max_tokens",
         type=int,
         default=None,
         metavar="N",
-        help="evaluate only the first N tokens of the split",
+        help="read only the first N tokens of the split (the stream is cut before it is laid out in columns)",
+    )
+    data.add_argument(
+        "--max-eval-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="as train.py's option: stop after about N targets, the first segments of every column, whole (at least "
+        "one), the same targets at every memory length; 0: the whole split (default: the whole split)",
     )
 
     evaluation = parser.add_argument_group("evaluation")
@@ -184,6 +211,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.max_tokens is not None and args.max_tokens < 2:
         parser.error(f"--max-tokens must be >= 2 (one input and one target), got {args.max_tokens}")
+    if args.max_eval_tokens is not None and args.max_eval_tokens < 0:
+        parser.error(f"--max-eval-tokens must be >= 0 (0: the whole split), got {args.max_eval_tokens}")
     if args.validation_fraction is not None and not 0 < args.validation_fraction < 1:
         parser.error(f"--validation-fraction must be in (0, 1), got {args.validation_fraction}")
     given_files = [split for split in TEXT_FILE_OPTIONS if getattr(args, f"{split}_file") is not None]
@@ -195,6 +224,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         for path in getattr(args, f"{split}_file"):
             if not Path(path).is_file():
                 parser.error(f"--{split}-file {path}: no such file")
+            if Path(path).stat().st_size == 0:
+                parser.error(f"--{split}-file {path}: the file is empty (0 bytes): it holds no text to evaluate")
     if args.output is not None and (problem := folder_problem(args.output)):
         parser.error(f"--output {args.output}: {problem}")
 
@@ -223,7 +254,9 @@ def resolve_device(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def check_model_dir(parser: argparse.ArgumentParser, run: RunFolder) -> None:
     if not run.exists():
-        parser.error(f"MODEL_DIR {run.path} is not a folder")
+        close = close_local_paths(str(run.path)) if not run.path.exists() else []
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        parser.error(f"MODEL_DIR {run.path} is not a folder{hint}")
     if not run.has_config():
         parser.error(
             f"MODEL_DIR {run.path} has no config.json: not a saved model (a scripts/train.py run folder or the "
@@ -235,6 +268,8 @@ def check_model_dir(parser: argparse.ArgumentParser, run: RunFolder) -> None:
 
 def load_tokenizer(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
     source = args.tokenizer if args.tokenizer is not None else str(args.model_dir)
+    if args.tokenizer is not None and (problem := local_path_problem(args.tokenizer)):
+        parser.error(f"--tokenizer {args.tokenizer}: {problem}")  # (not a Hub id: no lookup and its retries)
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as error:
@@ -262,7 +297,8 @@ def resolve_data_source(
 ) -> DataSource:
     """The command line's source; else the training run's (`RunFolder.data_source`); else the built-in corpus."""
     text_files = {split: getattr(args, f"{split}_file") for split in TEXT_FILE_OPTIONS}
-    text_files = {split: [str(path) for path in paths] for split, paths in text_files.items() if paths is not None}
+    # Absolute: the report says which files, from any folder (publish.py compares them with the run's).
+    text_files = {split: [str(Path(path).resolve()) for path in paths] for split, paths in text_files.items() if paths}
     try:
         return run_folder.data_source(
             text_files=text_files or None,
@@ -286,8 +322,10 @@ def load_stream(parser: argparse.ArgumentParser, source: DataSource, split: str,
             given = ", ".join(f"--{name}-file" for name in text_files)
             parser.error(f"--split {split}: no --{split}-file was given (only {given})")
         # load_corpus needs a "train" split and cuts "validation" off it when missing; the split to evaluate stands
-        # in for both, so that it is read whole and unchanged.
-        text_files = {"train": text_files[split], "validation": text_files[split], **text_files}
+        # in for both, so that it is read whole and unchanged. Its own name first: load_corpus checks the splits in
+        # this order, so a file of blank lines is named as the split given, not as the stand-in "train".
+        stand_ins = {name: text_files[split] for name in ("train", "validation") if name not in text_files}
+        text_files = {**text_files, **stand_ins}
     try:
         corpus = load_corpus(
             text_files,
@@ -370,7 +408,11 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     config = load_config(parser, run.path)
     tokenizer = load_tokenizer(parser, args)
     check_tokenizer_size(parser, args, tokenizer, config)
+    mismatch = tokenizer_mismatch(args, run, tokenizer, config)
     settings = Settings.resolve(args, config, run)
+    max_segments = segments_for_targets(
+        args.max_eval_tokens or 0, batch_size=settings.batch_size, tgt_len=settings.tgt_len
+    )
     unit = "bpc" if is_character_level(tokenizer) else "bits/token"
 
     source = resolve_data_source(parser, args, run)
@@ -392,6 +434,12 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     model = load_model(parser, run, config, device)
     n_params = sum(parameter.numel() for parameter in model.parameters())
     print(f"model: {run.path} ({n_params / 1e6:.2f}M parameters), tokenizer: {len(tokenizer)} tokens ({unit})")
+    if mismatch is not None:
+        print(
+            f"warning: --tokenizer {args.tokenizer} may not be the tokenizer the model was trained with: {mismatch}; "
+            "the figures then score ids the model learned for other tokens (the report records it: publish.py "
+            "refuses a report of another tokenizer than the run's)"
+        )
     print(
         f"data: split {args.split!r} of {source.describe()}: {stream.numel():,} tokens"
         + (f" of {split_tokens:,}" if stream.numel() < split_tokens else "")
@@ -402,9 +450,10 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             f"warning: {share:.1%} of these tokens are {tokenizer.unk_token} (outside the tokenizer's "
             f"vocabulary): the {unit} below says little about the text; is it the kind of text the model learned?"
         )
+    cap = f", at most about {args.max_eval_tokens:,} targets (--max-eval-tokens)" if max_segments is not None else ""
     print(
         f"settings: tgt_len {settings.tgt_len}, batch size {settings.batch_size}, clamp_len {settings.clamp_len}, "
-        f"same_length {settings.same_length}, memory lengths {settings.mem_lens}; {device}, {args.dtype}"
+        f"same_length {settings.same_length}, memory lengths {settings.mem_lens}{cap}; {device}, {args.dtype}"
     )
     rows = evaluate_memory_lengths(
         model,
@@ -414,6 +463,7 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         clamp_len=settings.clamp_len,
         same_length=settings.same_length,
         autocast_dtype=None if args.dtype == "float32" else DTYPES[args.dtype],
+        max_segments=max_segments,
         progress=not args.no_progress and args.split,
     )
 
@@ -427,9 +477,11 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         "source": source._asdict(),
         "split_tokens": split_tokens,
         "max_tokens": args.max_tokens,
+        "max_eval_tokens": args.max_eval_tokens or 0,
         "num_tokens": stream.numel(),
+        "unknown_share": share,
     }
-    write_reports(args, run, tokenizer, unit, data, settings, device, rows, source.describe())
+    write_reports(args, run, tokenizer, unit, data, settings, device, rows, source.describe(), mismatch)
     return 0
 
 
@@ -443,6 +495,32 @@ def check_tokenizer_size(
             f"vocabulary mismatch: the tokenizer ({tokenizer_source}) has {len(tokenizer)} tokens, the model's "
             f"vocab_size is {config.vocab_size}; pass the tokenizer the model was trained with (--tokenizer)"
         )
+
+
+def tokenizer_mismatch(args: argparse.Namespace, run: RunFolder, tokenizer: Any, config: TxlConfig) -> str | None:
+    """How a `--tokenizer`'s ids may not be the model's, in words (no path: the report keeps it, and is published):
+    they differ from MODEL_DIR's own tokenizer's, or, where it has none, its size is not the model's vocab_size. None
+    where nothing says so (MODEL_DIR's own tokenizer is the model's: a fine-tuned run may use fewer ids than its base
+    had)."""
+    if args.tokenizer is None:
+        return None
+    given = tokenizer.get_vocab()
+    try:
+        own = AutoTokenizer.from_pretrained(str(run.path)).get_vocab() if run.has_tokenizer() else None
+    except (OSError, ValueError):  # (a broken own tokenizer: nothing to compare with)
+        own = None
+    if own is not None:
+        if vocabulary_digest(own) == vocabulary_digest(given):
+            return None
+        moved = sum(own.get(token) not in (index, None) for token, index in given.items())
+        new = sum(token not in own for token in given)
+        return (
+            f"it gives {moved} of its {len(given)} tokens other ids than MODEL_DIR's own tokenizer does and has {new} "
+            f"tokens that one lacks ({len(own)} tokens)"
+        )
+    if len(tokenizer) != config.vocab_size:
+        return f"it has {len(tokenizer)} tokens, the model's vocab_size is {config.vocab_size}"
+    return None
 
 
 def load_model(parser: argparse.ArgumentParser, run: RunFolder, config: TxlConfig, device: torch.device) -> Any:
@@ -463,8 +541,10 @@ def write_reports(
     device: torch.device,
     rows: list[dict[str, Any]],
     source: str,
+    mismatch: str | None = None,
 ) -> None:
-    """eval-<split>.json, .md and .png in `--output` (default MODEL_DIR/eval); `source`: the text, described."""
+    """eval-<split>.json, .md and .png in `--output` (default MODEL_DIR/eval); `source`: the text, described;
+    `mismatch`: how the tokenizer may not be the model's (`tokenizer_mismatch`)."""
     output = args.output if args.output is not None else run.eval_dir
     output.mkdir(parents=True, exist_ok=True)
     character_level = unit == "bpc"
@@ -476,6 +556,9 @@ def write_reports(
             "kind": "character-level" if character_level else "word/subword-level",
             "class": type(tokenizer).__name__,
             "size": len(tokenizer),
+            "vocabulary_sha256": vocabulary_digest(tokenizer.get_vocab()),
+            "unk_token": tokenizer.unk_token,
+            "mismatch": mismatch,
         },
         "unit": unit,
         "data": data,
@@ -496,11 +579,16 @@ def write_reports(
     write_json_atomically(output / f"{stem}.json", report)
     unit_note = "bpc = bits per character" if character_level else "bits/token = loss / ln 2"
     num_tokens = data["num_tokens"]
+    notes = ""
+    if data["unknown_share"]:
+        notes += f"{data['unknown_share']:.2%} of these tokens are {tokenizer.unk_token} (outside the vocabulary).\n\n"
+    if mismatch is not None:
+        notes += f"Warning: the tokenizer may not be the one the model was trained with: {mismatch}.\n\n"
     markdown = (
         f"# Evaluation of `{model_dir.name}` on the {args.split} split\n\n"
         f"{num_tokens:,} tokens of {source}; segments of {settings.tgt_len}, batch size {settings.batch_size}, "
         f"clamp_len {settings.clamp_len}, same_length {settings.same_length}; {unit_note}.\n\n"
-        f"{memory_lengths_table(rows, unit)}"
+        f"{notes}{memory_lengths_table(rows, unit)}"
     )
     write_text_atomically(output / f"{stem}.md", markdown)
     title = f"{model_dir.name}: {args.split} split, {num_tokens:,} tokens, segments of {settings.tgt_len}"

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="Hub dataset ids for the card's `datasets` (default: the run's --dataset-name; none for local files)",
     )
+    card.add_argument(
+        "--include-mismatched-eval",
+        action="store_true",
+        help="publish eval/ reports made with another tokenizer or on other text than the run's (refused without "
+        "it), each marked as such on the card",
+    )
     dry = parser.add_argument_group("dry run")
     dry.add_argument("--dry-run", action="store_true", help="write the folder that would be committed; no network")
     dry.add_argument("--dry-run-dir", type=path_argument, default=None, help="where (default: RUN_DIR/hub-dry-run)")
@@ -145,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     for warning in publication.warnings:
         print(f"WARNING: {warning}")
+    if publication.eval_mismatches and not args.include_mismatched_eval:
+        parser.error(hub.mismatched_reports_message(publication))
+    for name, why in sorted(publication.eval_mismatches.items()):
+        print(f"WARNING: {name} is published marked on the card as not this run's evaluation: {why}")
     try:
         license_id = choose_license(args.license, publication)
     except ValueError as error:

@@ -19,7 +19,8 @@ The option names of transformers' `run_clm_no_trainer.py` are accepted too (`--m
 `--per_device_train_batch_size` counts the columns of one accumulation group of one process.
 
 The final evaluation scores every split whole, except with `--max-eval-tokens N` (the tiny preset's default: 65,536),
-which stops after about N targets: the first segments of every column, the same targets at every memory length.
+which stops after about N targets: the first segments of every column, the same targets at every memory length
+(evaluate.py's `--max-eval-tokens` means the same; its `--max-tokens` cuts the split to its first N tokens instead).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 from transformers import AutoConfig
 
 from .. import training
-from ..checkpoints import is_hub_repo_id
+from ..checkpoints import local_path_problem
 from ..checks_txl import require_integer
 from ..configuration_txl import TransfoXLConfig, TxlConfig
 from ..files import folder_problem
@@ -247,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="final evaluation: stop each split after about N targets (whole segments of every column, at least "
-        "one; 0: the whole split). Default: the preset's (tiny: 65536; the others: 0)",
+        "one; 0: the whole split), as evaluate.py's option of that name. Default: the preset's (tiny: 65536; the "
+        "others: 0)",
     )
     evaluation.add_argument("--sample-len", type=int, default=300, help="tokens to sample at the end (0: none)")
 
@@ -519,15 +521,18 @@ def check_data_and_output(parser: argparse.ArgumentParser, args: argparse.Namesp
         if Path(args.tokenizer).exists():
             args.tokenizer = str(Path(args.tokenizer).resolve())
         else:
-            # A near miss of a kind ("chars", "BPE") is a typo, not a Hub id: refused now, not after the Hub's retries.
+            # A near miss of a kind ("chars", "BPE") is a typo, not a Hub id: refused now, not after the Hub's retries;
+            # so is a mistyped local folder (runs/mrun beside runs/).
             near = difflib.get_close_matches(args.tokenizer.lower(), TOKENIZER_KINDS, n=1, cutoff=0.6)
-            if near or not is_hub_repo_id(args.tokenizer):
+            problem = local_path_problem(args.tokenizer)
+            if near or problem:
                 hint = f" (did you mean {near[0]}?)" if near else ""
+                found = "" if near else f": {problem}"
                 fail(
                     parser,
                     "tokenizer",
                     args.tokenizer,
-                    f"one of {', '.join(TOKENIZER_KINDS)}{hint}, a tokenizer folder or a Hub id",
+                    f"one of {', '.join(TOKENIZER_KINDS)}{hint}, a tokenizer folder or a Hub id{found}",
                 )
     if args.model_name_or_path is None and not args.resume:  # (fine-tuning refuses them all; a resume compares)
         check_tokenizer_options(parser, args, given)
@@ -595,8 +600,10 @@ def check_fine_tuning_options(parser: argparse.ArgumentParser, args: argparse.Na
         )
     if Path(source).expanduser().exists():
         args.model_name_or_path = str(Path(source).expanduser().resolve())  # train_args.json: the same from anywhere
-    elif not is_hub_repo_id(source):
-        parser.error(f"--model-name-or-path {source}: expected an existing model folder or a Hub id (owner/name)")
+    elif problem := local_path_problem(source):  # (a mistyped local folder: said now, not after the Hub's retries)
+        parser.error(
+            f"--model-name-or-path {source}: expected an existing model folder or a Hub id (owner/name): {problem}"
+        )
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path)
     except (OSError, ValueError) as error:

@@ -84,6 +84,7 @@ __all__ = [
     "wikitext_decoder",
     "wikitext_normalizer",
     "wikitext_pre_tokenizer",
+    "without_loading_state",
 ]
 
 DEFAULT_UNK_TOKEN = "<unk>"
@@ -710,6 +711,19 @@ def save_atomically(tokenizer: PreTrainedTokenizerFast, out: str | os.PathLike[s
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [out / name for name in names]
+
+
+# What transformers' from_pretrained (5.24) adds to a tokenizer's settings about where it was read from; its
+# save_pretrained writes them into tokenizer_config.json, where they describe a folder, not the tokenizer.
+LOADING_STATE_KEYS = ("is_local", "local_files_only")
+
+
+def without_loading_state(tokenizer: Any) -> Any:
+    """`tokenizer` (changed in place) without the loading state of `LOADING_STATE_KEYS`, so that saving a loaded
+    tokenizer writes the tokenizer_config.json of a freshly trained one."""
+    for key in LOADING_STATE_KEYS:
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
 
 
 def _checked(texts: Iterable[str]) -> Iterator[str]:
