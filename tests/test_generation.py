@@ -122,19 +122,28 @@ def test_kept_results_are_dropped_by_training_with_a_fused_optimizer():
     assert attention._projected_positions is None
 
 
-@pytest.mark.parametrize("edit", ["every value", "some columns"])
+@pytest.mark.parametrize("edit", ["every value", "some columns", "some rows", "one value"])
 @pytest.mark.parametrize("start", ["new memory", "reset", "generate"])
 def test_an_edit_through_data_is_seen_where_a_new_stream_starts(start, edit):
     """`.data` edits (PEFT's merge_and_unload merges that way) bump no version: the model's kept position table was
     used by new streams too, so the documented remedy, a new memory, did not help. A new stream checks the table
-    against a sample of the weight, spread over its columns (a stride of a whole row read one column only)."""
-    model = tiny_lm(mem_len=8)
+    against a fingerprint of the whole weight (a sample of 64 values missed rows scaled through `.data`, a head's
+    ablation, in a model wider than 64 columns)."""
+    model = tiny_lm(mem_len=8, d_model=128, d_embed=128)
+    assert model.transformer.layers[0].attention.pos_proj.weight.shape[1] > 64
     prompt, follow = ids(1, 5), ids(1, 1, seed=1)
     with torch.no_grad():
         memory = model(prompt).past_key_values  # keeps the position table (and the memory's projections)
         for layer in model.transformer.layers:
             weight = layer.attention.pos_proj.weight.data
-            weight.mul_(1.5) if edit == "every value" else weight[:, 1:16].mul_(3.0)
+            if edit == "every value":
+                weight.mul_(1.5)
+            elif edit == "some columns":
+                weight[:, 1:16].mul_(3.0)
+            elif edit == "some rows":
+                weight[1:4].mul_(50.0)
+            else:
+                weight[3, 5] += 20.0
         if start == "generate":
             generated = model.generate(prompt, max_new_tokens=4, output_scores=True, return_dict_in_generate=True)
             scores = torch.stack(generated.scores, dim=1)  # [1, 4, V]

@@ -7,7 +7,7 @@ whether a compiled kernel applies, would cost a decoded token more than its arit
   what it computes and the call may be skipped (`_project`, `_layer_norm`, `_dropout`, `_linear`);
 - whether a call is one row in CPU inference, where the one-row compiled operators apply (`_one_row_inference`);
 - a number for each weight object (`_identity`), which results kept across calls (keys and values, projected
-  position tables) are tagged with, and a sample of a weight's values (`_weight_sample`);
+  position tables) are tagged with, and a fingerprint of a weight's values (`_weight_fingerprint`);
 - the results kept across inference calls: each layer's projected position table (`kept_relative_keys`) and the
   version the memory's keys and values are tagged with (`projection_version`);
 - the fused decoding steps, one compiled call each: every layer for a token (`decode_token`), one layer
@@ -22,7 +22,6 @@ files beside modeling_txl.py, it imports only torch, transformers and its siblin
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -186,14 +185,25 @@ def _identity(weight: torch.Tensor) -> int:
     return mark[0]
 
 
-def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
-    """64 of `weight`'s values spread over its rows and columns (a copy): where they all stay equal, the weight is
-    taken as unchanged by edits that bump no version (a merged adapter or an edit through `.data` changes them all)."""
-    flat = weight.detach().reshape(-1)
-    stride = max(1, flat.numel() // 64)
-    while weight.dim() > 1 and math.gcd(stride, weight.shape[-1]) != 1:  # (else the samples share a few columns)
-        stride += 1
-    return flat[::stride][:64].clone()
+# A fixed random vector per row width, dtype and device (`_weight_fingerprint`).
+_PROBES: dict[tuple, torch.Tensor] = {}
+
+
+def _weight_fingerprint(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` `[N, E]` times a fixed random vector, in float32 or wider (`[N]`, a new tensor): where it stays
+    equal, the weight is taken as unchanged by edits that bump no version. Every row's product changes where any of
+    its values does (a merged adapter, rows or columns scaled or zeroed through `.data`), short of an edit that keeps
+    the row's product with the vector; a sample of the values missed what it did not read. It reads the weight once,
+    as projecting a few rows with it would."""
+    rows = weight.detach().reshape(weight.shape[0] if weight.dim() else 1, -1)
+    if rows.dtype not in (torch.float32, torch.float64):
+        rows = rows.float()
+    key = (rows.shape[1], rows.dtype, rows.device)
+    probe = _PROBES.get(key)
+    if probe is None:
+        generator = torch.Generator().manual_seed(rows.shape[1])
+        probe = _PROBES[key] = torch.randn(rows.shape[1], generator=generator, dtype=rows.dtype).to(rows.device)
+    return torch.mv(rows, probe)
 
 
 def _inference_caches_apply(projection: nn.Module) -> bool:
@@ -524,7 +534,8 @@ class KeptPositionTable(NamedTuple):
     key: tuple  # the weight's identity, storage and version, and the autocast dtype it was made under
     table: torch.Tensor  # the model's position table `[L, E]` it was projected from
     projected: torch.Tensor  # `[H, L, D]`
-    weight_sample: torch.Tensor  # `_weight_sample` of the weight then (edits that bump no version change it)
+    weight_fingerprint: torch.Tensor  # `_weight_fingerprint` of the weight then (edits that bump no version change it)
+    weight_dtype: torch.dtype  # the weight's then (the fingerprint's may be wider)
 
 
 def projection_version(attention: TxlRelativeAttention) -> tuple | None:
@@ -571,11 +582,11 @@ def check_kept_position_table(attention: nn.Module) -> None:
     weight = attention.pos_proj.weight
     # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
     # cannot be compared with the kept one.)
-    sample = kept.weight_sample
+    fingerprint = kept.weight_fingerprint
     if (
-        sample.device != weight.device
-        or sample.dtype != weight.dtype
-        or not torch.equal(_weight_sample(weight), sample)
+        fingerprint.device != weight.device
+        or kept.weight_dtype != weight.dtype
+        or not torch.equal(_weight_fingerprint(weight), fingerprint)
     ):
         attention._projected_positions = None
 
@@ -605,7 +616,7 @@ def kept_relative_keys(attention: TxlRelativeAttention, positions: torch.Tensor)
         projected = pos_proj(table).view(table.shape[0], attention.n_head, attention.d_head).transpose(0, 1)
         # [H, L, D], heads apart
         kept = attention._projected_positions = KeptPositionTable(
-            key, table, projected.contiguous(), _weight_sample(weight)
+            key, table, projected.contiguous(), _weight_fingerprint(weight), weight.dtype
         )
     projected = kept.projected
     return projected[:, projected.shape[1] - positions.shape[0] :]  # rows of distances K-1, ..., 0
