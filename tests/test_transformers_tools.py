@@ -342,6 +342,60 @@ def test_training_returns_no_logits_unless_asked(lm):
     assert lm.eval().generate(ids[:1], max_new_tokens=2).shape == (1, 8)
 
 
+def test_a_training_step_without_logits_says_so_once(lm, caplog):
+    """`outputs.logits` is None in a training step with labels, where GPT-2's has them: code that reads them (an
+    accuracy, a distillation loss) failed on None with nothing to say why. The first such step says so and names
+    return_logits; asking for them, or passing return_logits=False, says nothing."""
+    import logging
+
+    logging.Logger.warning_once.cache_clear()  # (said once per process: another test may have said it)
+    ids = random_ids(2, 6)
+    lm.train()
+    with caplog.at_level(logging.WARNING):
+        lm(ids, labels=ids, return_logits=False)
+        lm(ids, labels=ids, return_logits=True)
+        assert "return_logits" not in caplog.text
+        for _ in range(2):
+            assert lm(ids, labels=ids).logits is None
+    assert caplog.text.count("returns the loss without logits (outputs.logits is None)") == 1
+    assert "model.config.return_logits = True" in caplog.text
+
+
+def test_an_exponential_length_penalty_is_warned_to_act_on_log_probabilities(caplog):
+    """transformers' exponential_decay_length_penalty adds a multiple of the end token's absolute score: on this
+    model's log-probabilities (far below 0) more than on raw logits, so generation stops sooner than GPT-2's at the
+    same setting (a helper's trial: 10 tokens against 17). generate() says so, once."""
+    import logging
+
+    logging.Logger.warning_once.cache_clear()
+    model, prompt = tiny_lm(), random_ids(1, 4)
+    with caplog.at_level(logging.WARNING):
+        model.generate(prompt, max_new_tokens=2, do_sample=False, eos_token_id=1)
+        assert "exponential_decay_length_penalty" not in caplog.text
+        for _ in range(2):
+            model.generate(
+                prompt, max_new_tokens=2, do_sample=False, eos_token_id=1, exponential_decay_length_penalty=(1, 1.2)
+            )
+    assert caplog.text.count("exponential_decay_length_penalty raises the end token's score") == 1
+
+
+def test_models_without_the_language_model_head_load_its_folder_without_unexpected_keys(tmp_path):
+    """The base model and the classifier, loaded from a language model's folder, leave its head out quietly (as
+    GPT-2's do: its tied head saves nothing of its own); the load report called the head's biases and tail weights
+    unexpected. The language model itself still loads every one of them."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    model = tiny_lm()
+    model.save_pretrained(tmp_path)
+    for auto in (AutoModel, AutoModelForSequenceClassification):
+        _, info = auto.from_pretrained(tmp_path, output_loading_info=True)
+        assert not info["unexpected_keys"], auto.__name__
+    loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values())
+    for name, parameter in model.adaptive_softmax.named_parameters():
+        torch.testing.assert_close(loaded.adaptive_softmax.get_parameter(name), parameter, rtol=0, atol=0)
+
+
 def test_trainer_trains_the_classification_head(tmp_path, one_thread):
     torch.manual_seed(0)
     model = TxlForSequenceClassification(tiny_config(num_labels=3, pad_token_id=0))

@@ -1007,6 +1007,9 @@ class TxlPreTrainedModel(PreTrainedModel):
     # v4 stored the sinusoid's frequencies as a buffer (recomputed here), and its `.bin` files of untie_r=False
     # models hold the shared u and v again under every layer (the same tensors, as the layers referenced them).
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
+    # A language model's head, which the models without it (the base model, the classifier) do not load: their load
+    # report would call its biases and tail weights unexpected (GPT-2's head, tied whole, saves nothing of its own).
+    _language_model_head = [r"(^|\.)adaptive_softmax\.", r"(^|\.)crit\."]
 
     @property
     def embeddings(self) -> TxlModel:
@@ -1166,6 +1169,11 @@ class TxlPreTrainedModel(PreTrainedModel):
 
 class TxlModel(TxlPreTrainedModel):
     """The Transformer-XL stack: adaptive embedding, `n_layer` relative-attention layers, memory; no output head."""
+
+    _keys_to_ignore_on_load_unexpected = [
+        *TxlPreTrainedModel._keys_to_ignore_on_load_unexpected,
+        *TxlPreTrainedModel._language_model_head,
+    ]
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
@@ -1424,6 +1432,14 @@ class TxlModel(TxlPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+_NO_TRAINING_LOGITS = (
+    "A training step with labels returns the loss without logits (outputs.logits is None): the [B, Q, V] "
+    "log-probabilities cost a step more than the loss. Pass return_logits=True, or set model.config.return_logits = "
+    "True, for code that reads them in training steps (a metric, a distillation loss); return_logits=False silences "
+    "this."
+)
+
+
 class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     """Transformer-XL with its adaptive softmax language-model head."""
 
@@ -1563,6 +1579,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             training_step = self.training and torch.is_grad_enabled() and hidden_states.requires_grad
             # (A tuple keeps them: without, every later entry would move to the place a causal LM's logits take.)
             return_logits = targets is None or not training_step or not return_dict
+            if not return_logits:  # (said once: `outputs.logits` is None, where GPT-2's training steps have them)
+                logger.warning_once(_NO_TRAINING_LOGITS)
         logits = None
         if return_logits:
             if isinstance(logits_to_keep, torch.Tensor):
@@ -1735,6 +1753,12 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                 "much less than on raw logits (GPT-2's) at the same value. no_repeat_ngram_size and sequence_bias act "
                 "alike on both (docs/generation.md)."
             )
+        if setting("exponential_decay_length_penalty") is not None:
+            logger.warning_once(
+                "exponential_decay_length_penalty raises the end token's score by a multiple of its absolute value: "
+                "on this model's scores, log-probabilities (all <= 0, the end token's often far below 0), by more "
+                "than on raw logits (GPT-2's) at the same setting, so generation stops sooner (docs/generation.md)."
+            )
         other = "past_key_values" if _CACHE_KWARG == "cache" else "cache"
         if (memory := kwargs.pop(other, None)) is not None:  # either name, whichever transformers is installed
             if kwargs.get(_CACHE_KWARG) is not None:
@@ -1764,6 +1788,10 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
     # The loss is a mean over the batch, as in transformers' classification heads: Trainer must scale it for gradient
     # accumulation itself rather than pass a count of items.
     accepts_loss_kwargs = False
+    _keys_to_ignore_on_load_unexpected = [
+        *TxlPreTrainedModel._keys_to_ignore_on_load_unexpected,
+        *TxlPreTrainedModel._language_model_head,
+    ]
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
