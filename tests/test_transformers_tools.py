@@ -14,7 +14,14 @@ from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from tests.utils import tiny_config, tiny_lm
-from transfoxl import TxlForCausalLM, TxlForSequenceClassification, TxlMemory, TxlModel, TxlStream
+from transfoxl import (
+    TxlForCausalLM,
+    TxlForSequenceClassification,
+    TxlForTokenClassification,
+    TxlMemory,
+    TxlModel,
+    TxlStream,
+)
 from transfoxl.evaluation import evaluate_stream
 
 
@@ -383,11 +390,16 @@ def test_models_without_the_language_model_head_load_its_folder_without_unexpect
     """The base model and the classifier, loaded from a language model's folder, leave its head out quietly (as
     GPT-2's do: its tied head saves nothing of its own); the load report called the head's biases and tail weights
     unexpected. The language model itself still loads every one of them."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     model = tiny_lm()
     model.save_pretrained(tmp_path)
-    for auto in (AutoModel, AutoModelForSequenceClassification):
+    for auto in (AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification):
         _, info = auto.from_pretrained(tmp_path, output_loading_info=True)
         assert not info["unexpected_keys"], auto.__name__
     loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
@@ -406,6 +418,57 @@ def test_trainer_trains_the_classification_head(tmp_path, one_thread):
     result = Trainer(model=model, args=args, train_dataset=dataset).train()
     assert math.isfinite(result.training_loss)
     assert not torch.equal(model.score.weight, before)
+
+
+def test_the_token_classifier_loads_a_language_models_body_and_tags_every_token(tmp_path):
+    """AutoModelForTokenClassification, as for GPT-2: the body from a language model's folder (only the new head
+    missing), logits `[B, Q, num_labels]`, transformers' token-classification loss (-100 ignored), and a text in
+    segments with the memory tagged as in one piece."""
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(0)
+    lm = TxlForCausalLM(tiny_config(mem_len=16, same_length=False))
+    lm.save_pretrained(tmp_path / "lm")
+    tagger, info = AutoModelForTokenClassification.from_pretrained(
+        tmp_path / "lm", num_labels=5, output_loading_info=True
+    )
+    assert type(tagger) is TxlForTokenClassification
+    assert info["missing_keys"] == {"classifier.weight", "classifier.bias"} and not info["unexpected_keys"]
+    for name, parameter in lm.transformer.named_parameters():
+        torch.testing.assert_close(tagger.transformer.get_parameter(name), parameter, rtol=0, atol=0)
+    tagger.eval()
+    ids, labels = random_ids(2, 8, seed=4), torch.randint(0, 5, (2, 8), generator=torch.Generator().manual_seed(5))
+    labels[0, :3] = -100
+    output = tagger(ids, labels=labels)
+    assert output.logits.shape == (2, 8, 5)
+    expected = torch.nn.functional.cross_entropy(output.logits.reshape(-1, 5), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(output.loss, expected)
+    with torch.no_grad():
+        first = tagger(ids[:, :5], use_cache=True)
+        second = tagger(ids[:, 5:], past_key_values=first.past_key_values)
+    torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), output.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_token_classifier_refuses_labels_that_do_not_fit_and_trains_under_trainer(tmp_path, one_thread):
+    """Labels of another shape (they would be flattened against the wrong tokens), out of range, or not integers
+    get one clear error naming what was expected; Trainer trains the head with gradient accumulation."""
+    torch.manual_seed(0)
+    model = TxlForTokenClassification(tiny_config(num_labels=3))
+    ids = random_ids(2, 6)
+    for labels, message in (
+        (torch.zeros(2, 5, dtype=torch.long), r"one class id per token, \[2, 6\], got shape \(2, 5\)"),
+        (torch.full((2, 6), 3), r"class 3, outside \[0, num_labels=3\)"),
+        (torch.zeros(2, 6), "integer class ids"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=message):
+            model(ids, labels=labels)
+    rows = random_ids(8, 10, seed=2).tolist()
+    dataset = Dataset.from_list([{"input_ids": row, "labels": [token % 3 for token in row]} for row in rows])
+    before = model.classifier.weight.detach().clone()
+    args = trainer_arguments(tmp_path, max_steps=3, learning_rate=1e-2, gradient_accumulation_steps=2)
+    result = Trainer(model=model, args=args, train_dataset=dataset).train()
+    assert math.isfinite(result.training_loss)
+    assert not torch.equal(model.classifier.weight, before)
 
 
 def test_the_classifier_takes_running_position_ids_and_refuses_packed_rows():
@@ -923,7 +986,9 @@ def test_device_map_may_offload_the_layers_but_not_the_adaptive_embedding_or_sof
         )
 
 
-@pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
+@pytest.mark.parametrize(
+    "model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification, TxlForTokenClassification]
+)
 def test_each_class_names_only_modules_it_has_as_not_to_be_split(model_class):
     """`_no_split_modules` is what FSDP's auto-wrap (through accelerate) and device maps read: every name must be a
     module class of that model (accelerate's lookup refuses one it cannot find), and the layers and the adaptive
@@ -973,7 +1038,9 @@ def test_set_attn_implementation_switches_a_built_model_between_eager_and_sdpa(m
     assert model.config._attn_implementation == "sdpa"
 
 
-@pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
+@pytest.mark.parametrize(
+    "model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification, TxlForTokenClassification]
+)
 def test_torch_export_without_memory_equals_eager(model_class, one_thread):
     torch.manual_seed(0)
     model = model_class(tiny_config(pad_token_id=0)).eval()
@@ -984,7 +1051,9 @@ def test_torch_export_without_memory_equals_eager(model_class, one_thread):
     torch.testing.assert_close(exported[name], eager[name], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification])
+@pytest.mark.parametrize(
+    "model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification, TxlForTokenClassification]
+)
 def test_torch_export_with_a_memory_equals_eager(model_class, one_thread):
     torch.manual_seed(0)
     model = model_class(tiny_config(pad_token_id=0)).eval()
@@ -1215,7 +1284,9 @@ def test_resize_token_embeddings_grows_the_last_cluster(overrides, tmp_path):
     torch.testing.assert_close(reloaded(ids).logits, model.eval()(ids).logits, rtol=1.3e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("model_class", [TxlForCausalLM, TxlModel, TxlForSequenceClassification])
+@pytest.mark.parametrize(
+    "model_class", [TxlForCausalLM, TxlModel, TxlForSequenceClassification, TxlForTokenClassification]
+)
 def test_an_input_embedding_the_config_cannot_describe_runs_but_does_not_save(model_class, tmp_path):
     """transformers' set_input_embeddings takes any module, and the model runs with it; but from_pretrained would
     build the config's adaptive embedding and refuse the folder, so save_pretrained refuses first, writing nothing."""

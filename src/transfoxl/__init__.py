@@ -8,7 +8,13 @@ transformers-v4 ones (`model_type: "transfo-xl"`):
     model = AutoModelForCausalLM.from_pretrained(path)
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .modeling_txl import (
@@ -17,6 +23,7 @@ from .modeling_txl import (
     TxlCausalLMOutputWithPast,
     TxlForCausalLM,
     TxlForSequenceClassification,
+    TxlForTokenClassification,
     TxlMemory,
     TxlModel,
     TxlPreTrainedModel,
@@ -30,6 +37,7 @@ _AUTO_CLASSES = {
     AutoModel: TxlModel,
     AutoModelForCausalLM: TxlForCausalLM,
     AutoModelForSequenceClassification: TxlForSequenceClassification,
+    AutoModelForTokenClassification: TxlForTokenClassification,
 }
 for _config_class in (TxlConfig, TransfoXLConfig):
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
@@ -47,6 +55,7 @@ TxlConfig.register_for_auto_class()
 TxlModel.register_for_auto_class("AutoModel")
 TxlForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 TxlForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+TxlForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
 
 __all__ = [
     "TransfoXLConfig",
@@ -57,6 +66,7 @@ __all__ = [
     "TxlConfig",
     "TxlForCausalLM",
     "TxlForSequenceClassification",
+    "TxlForTokenClassification",
     "TxlMemory",
     "TxlModel",
     "TxlPreTrainedModel",

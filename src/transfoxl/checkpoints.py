@@ -82,7 +82,10 @@ WEIGHT_NAMES = (
 )
 # Task heads trained from a pre-trained body: a checkpoint of another class lacks them, and that is expected.
 # Everything else (the body, the language-modelling head) must come from the checkpoint.
-FRESH_HEADS: dict[str, tuple[str, ...]] = {"TxlForSequenceClassification": ("score",)}
+FRESH_HEADS: dict[str, tuple[str, ...]] = {
+    "TxlForSequenceClassification": ("score",),
+    "TxlForTokenClassification": ("classifier",),
+}
 # safetensors refuses larger headers (its own limit), so a larger length prefix is corruption, not a big model.
 _MAX_SAFETENSORS_HEADER = 100_000_000
 _LISTED = 8  # names shown in a message before "... (N more)"

@@ -311,6 +311,25 @@ def check_class_labels(labels: Any, batch: int, num_labels: int, *, single_label
             )
 
 
+def check_token_labels(labels: Any, shape: tuple[int, int], num_labels: int) -> None:
+    """Token classes must be one per token `[B, Q]` and in range (-100: ignored): torch's cross-entropy would raise
+    an IndexError (or assert on an accelerator) without naming num_labels, and a label tensor of another shape would
+    be flattened against the wrong tokens."""
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a torch.Tensor of class ids [batch, seq_len], got {type(labels).__name__}.")
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be integer class ids [batch, seq_len] (-100: ignored), got {labels.dtype}.")
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"labels must hold one class id per token, {list(shape)}, got shape {tuple(labels.shape)}.")
+    if labels.device.type == "cpu" and not torch.compiler.is_compiling():
+        invalid = (labels != -100) & ((labels < 0) | (labels >= num_labels))
+        if bool(invalid.any()):
+            raise ValueError(
+                f"labels contains class {int(labels[invalid][0])}, outside [0, num_labels={num_labels}) "
+                "(-100: ignored)."
+            )
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # generate()
 

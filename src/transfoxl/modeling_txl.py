@@ -75,6 +75,7 @@ from .checks_txl import (
     check_prompt,
     check_stop_strings_tokenizer,
     check_targets,
+    check_token_labels,
     check_token_type_ids,
     reject_unknown_arguments,
     require_integer,
@@ -1079,13 +1080,14 @@ class TxlPreTrainedModel(PreTrainedModel):
                 "folder would not load. Put a TxlAdaptiveEmbedding back with set_input_embeddings "
                 "(resize_token_embeddings changes the vocabulary)."
             )
-        # transformers records only the saved class in `auto_map`; list every head so that AutoModel,
-        # AutoModelForCausalLM and AutoModelForSequenceClassification all load the folder with trust_remote_code.
+        # transformers records only the saved class in `auto_map`; list every head so that AutoModel and every
+        # AutoModelFor... class of a head here load the folder with trust_remote_code.
         auto_map = {
             "AutoConfig": f"configuration_txl.{type(self.config).__name__}",
             "AutoModel": "modeling_txl.TxlModel",
             "AutoModelForCausalLM": "modeling_txl.TxlForCausalLM",
             "AutoModelForSequenceClassification": "modeling_txl.TxlForSequenceClassification",
+            "AutoModelForTokenClassification": "modeling_txl.TxlForTokenClassification",
         }
         self.config.auto_map = {**auto_map, **(getattr(self.config, "auto_map", None) or {})}
         return super().save_pretrained(save_directory, *args, **kwargs)
@@ -1896,6 +1898,83 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
             )
 
 
+@dataclass
+class TxlTokenClassifierOutput(SequenceClassifierOutputWithPast):
+    """transformers' classifier output with the memory: `logits` `[B, Q, num_labels]`, one row per token."""
+
+
+class TxlForTokenClassification(TxlPreTrainedModel):
+    """Transformer-XL with a linear classifier on every token (tagging: entities, parts of speech), as GPT-2's.
+
+    The model is causal: each token is classified from itself and what came before it, the memory included. A long
+    text goes in segments, the memory passed from one call to the next as for the language model.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [
+        *TxlPreTrainedModel._keys_to_ignore_on_load_unexpected,
+        *TxlPreTrainedModel._language_model_head,
+    ]
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = TxlModel(config)
+        dropout = getattr(config, "classifier_dropout", None)  # (transformers' name; else the model's own)
+        self.dropout = nn.Dropout(config.dropout if dropout is None else dropout)
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    @_memory_kept_on_error
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values: TxlMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> TxlTokenClassifierOutput | tuple:
+        r"""
+        Args:
+            labels (`torch.LongTensor` of shape `(batch_size, seq_len)`, *optional*):
+                One class id per token, -100 where no loss is wanted (padding, a word's later sub-tokens).
+            num_items_in_batch (*optional*, keyword):
+                Trainer's count of labelled tokens over an accumulation group: the loss is their sum divided by it.
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        reject_unknown_arguments(kwargs, input_ids, inputs_embeds)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids=input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # [B, Q, num_labels]
+        loss = None
+        if labels is not None:
+            check_token_labels(labels, tuple(logits.shape[:2]), self.config.num_labels)
+            loss = self.loss_function(logits, labels, self.config, num_items_in_batch=num_items_in_batch)
+        output = TxlTokenClassifierOutput(
+            loss=loss,
+            logits=logits,
+            **{_CACHE_KWARG: _memory_of(outputs)},
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # transformers-v4 checkpoints: parameter names of `TransfoXL*` (and of the original code), renamed on load.
 # Saving always writes the txl layout (`TxlPreTrainedModel.save_pretrained`).
@@ -1936,6 +2015,7 @@ __all__ = [
     "TxlCausalLMOutputWithPast",
     "TxlForCausalLM",
     "TxlForSequenceClassification",
+    "TxlForTokenClassification",
     "TxlMemory",
     "TxlMemoryLayer",
     "TxlModel",
