@@ -199,6 +199,26 @@ def test_a_readme_in_the_run_folder_is_named_as_not_published(run_dir, tmp_path,
     assert "convert the checkpoint again with this version to publish its conversion card" in capsys.readouterr().out
 
 
+def test_a_licence_the_hub_does_not_list_is_warned_about_with_the_close_ids(run_dir, tmp_path, capsys):
+    """--license checks the form of an id; one of that form that the Hub does not list (a typo: apache2) would be
+    published as a licence the Hub does not know. The dry run says so and names the close ids; a listed id, "other"
+    included, says nothing."""
+    for given, expected in (("apache2", "did you mean apache-2.0"), ("mit", None), ("other", None)):
+        out_dir = tmp_path / given
+        assert (
+            publish.main(
+                [str(run_dir), "--repo-id", REPO_ID, "--license", given, "--dry-run-dir", str(out_dir), "--dry-run"]
+            )
+            == 0
+        )
+        out = capsys.readouterr().out
+        if expected is None:
+            assert "not in the Hub's list of licence ids" not in out
+        else:
+            assert f"WARNING: licence {given!r} is not in the Hub's list of licence ids" in out and expected in out
+        assert front_matter((out_dir / "README.md").read_text())["license"] == given
+
+
 def test_model_card_metadata_and_model_index_match_metrics(run_dir, hub_folder):
     readme = (hub_folder / "README.md").read_text(encoding="utf-8")
     metadata = front_matter(readme)

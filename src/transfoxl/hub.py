@@ -21,6 +21,7 @@ while writing or uploading raises `PublishError`. Both messages are one line, fo
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -200,6 +201,106 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
             if problems := eval_report_problems(publication, publication.eval_reports[name]):
                 publication.eval_mismatches[name] = "; ".join(problems)
     return publication
+
+
+# The licence ids of the Hub's list (https://huggingface.co/docs/hub/repositories-licenses, 2026), for a card's
+# `license`: the Hub shows any other as not a licence it knows. (It adds ids now and then: one missing here is warned
+# about, not refused.)
+HUB_LICENSE_IDS = frozenset(
+    [
+        "apache-2.0",
+        "mit",
+        "openrail",
+        "bigscience-openrail-m",
+        "creativeml-openrail-m",
+        "bigscience-bloom-rail-1.0",
+        "bigcode-openrail-m",
+        "afl-3.0",
+        "artistic-2.0",
+        "bsl-1.0",
+        "bsd",
+        "bsd-2-clause",
+        "bsd-3-clause",
+        "bsd-3-clause-clear",
+        "c-uda",
+        "cc",
+        "cc0-1.0",
+        "cc-by-2.0",
+        "cc-by-2.5",
+        "cc-by-3.0",
+        "cc-by-4.0",
+        "cc-by-sa-3.0",
+        "cc-by-sa-4.0",
+        "cc-by-nc-2.0",
+        "cc-by-nc-3.0",
+        "cc-by-nc-4.0",
+        "cc-by-nd-4.0",
+        "cc-by-nc-nd-3.0",
+        "cc-by-nc-nd-4.0",
+        "cc-by-nc-sa-2.0",
+        "cc-by-nc-sa-3.0",
+        "cc-by-nc-sa-4.0",
+        "cdla-sharing-1.0",
+        "cdla-permissive-1.0",
+        "cdla-permissive-2.0",
+        "wtfpl",
+        "ecl-2.0",
+        "epl-1.0",
+        "epl-2.0",
+        "etalab-2.0",
+        "eupl-1.1",
+        "eupl-1.2",
+        "agpl-3.0",
+        "gfdl",
+        "gpl",
+        "gpl-2.0",
+        "gpl-3.0",
+        "lgpl",
+        "lgpl-2.1",
+        "lgpl-3.0",
+        "isc",
+        "lppl-1.3c",
+        "ms-pl",
+        "mpl-2.0",
+        "odc-by",
+        "odbl",
+        "openrail++",
+        "osl-3.0",
+        "postgresql",
+        "ofl-1.1",
+        "ncsa",
+        "unlicense",
+        "zlib",
+        "pddl",
+        "lgpl-lr",
+        "deepfloyd-if-license",
+        "llama2",
+        "llama3",
+        "llama3.1",
+        "llama3.2",
+        "llama3.3",
+        "llama4",
+        "gemma",
+        "apple-ascl",
+        "apple-amlr",
+        "unknown",
+        "other",
+    ]
+)
+
+
+def license_warning(license_id: str) -> str | None:
+    """What to say about `license_id` when it is not in the Hub's list (`HUB_LICENSE_IDS`): a likely typo's close
+    ids; None when it is listed."""
+    if license_id in HUB_LICENSE_IDS:
+        return None
+    close = difflib.get_close_matches(license_id, sorted(HUB_LICENSE_IDS), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return (
+        f"licence {license_id!r} is not in the Hub's list of licence ids (as this package knows it{hint}): the Hub "
+        "would show the card's licence as one it does not know. A licence of your own: --license other (and its "
+        "text in a LICENSE file); the list: https://huggingface.co/docs/hub/repositories-licenses"
+    )
 
 
 def mismatched_reports_message(publication: Publication) -> str:

@@ -159,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         license_id = choose_license(args.license, publication)
     except ValueError as error:
         parser.error(str(error))
+    if (warning := hub.license_warning(license_id)) is not None:
+        print(f"WARNING: {warning}")
 
     def build(folder: Path, *, link: bool = False) -> None:
         hub.write_hub_folder(publication, folder, args.repo_id, license_id, args.dataset, link=link)
