@@ -349,21 +349,23 @@ def test_training_returns_no_logits_unless_asked(lm):
     assert lm.eval().generate(ids[:1], max_new_tokens=2).shape == (1, 8)
 
 
-def test_a_training_step_without_logits_says_so_once(lm, caplog):
+def test_reading_the_logits_a_training_step_left_out_says_why_once(lm, caplog, tmp_path, one_thread):
     """`outputs.logits` is None in a training step with labels, where GPT-2's has them: code that reads them (an
-    accuracy, a distillation loss) failed on None with nothing to say why. The first such step says so and names
-    return_logits; asking for them, or passing return_logits=False, says nothing."""
+    accuracy, a distillation loss) failed on None with nothing to say why. Reading them says so, once, naming
+    return_logits; a step whose logits nobody reads (Trainer's) says nothing."""
     import logging
 
     logging.Logger.warning_once.cache_clear()  # (said once per process: another test may have said it)
     ids = random_ids(2, 6)
     lm.train()
     with caplog.at_level(logging.WARNING):
-        lm(ids, labels=ids, return_logits=False)
-        lm(ids, labels=ids, return_logits=True)
+        outputs = [lm(ids, labels=ids) for _ in range(2)]
+        dataset = Dataset.from_list([{"input_ids": row, "labels": row} for row in random_ids(4, 6).tolist()])
+        Trainer(model=lm, args=trainer_arguments(tmp_path, max_steps=2), train_dataset=dataset).train()
         assert "return_logits" not in caplog.text
-        for _ in range(2):
-            assert lm(ids, labels=ids).logits is None
+        assert lm(ids, labels=ids, return_logits=True).logits is not None
+        assert "return_logits" not in caplog.text
+        assert all(output.logits is None for output in outputs)
     assert caplog.text.count("returns the loss without logits (outputs.logits is None)") == 1
     assert "model.config.return_logits = True" in caplog.text
 

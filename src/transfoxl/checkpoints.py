@@ -65,6 +65,7 @@ __all__ = [
     "check_torch_file",
     "check_weight_file",
     "close_local_paths",
+    "did_you_mean",
     "is_hub_repo_id",
     "load_checked",
     "local_path_problem",
@@ -379,6 +380,11 @@ def is_hub_repo_id(name: str) -> bool:
     return True
 
 
+def did_you_mean(close: Sequence[str], before: str = "; ", after: str = "") -> str:
+    """ "did you mean a or b?" for the close names of a near miss, between `before` and `after`; "" for none."""
+    return f"{before}did you mean {' or '.join(close)}?{after}" if close else ""
+
+
 def close_local_paths(name: str) -> list[str]:
     """Existing paths spelt like `name`, which does not exist: its nearest existing folder's entries closest to the
     first missing part (`runs/mrun` -> `runs/myrun`), as typed; [] where none is close."""
@@ -411,9 +417,7 @@ def local_path_problem(name: str) -> str | None:
     else:
         return None
     why = f" ({parts[0]} is a folder here, so it is not looked up on the Hub)" if first_is_folder else ""
-    close = close_local_paths(name)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return f"no such folder{why}{hint}"
+    return f"no such folder{why}{did_you_mean(close_local_paths(name))}"
 
 
 def _check_source(source: Any, *, subfolder: str, kwargs: Mapping[str, Any]) -> None:

@@ -34,7 +34,8 @@ from .cpp_kernels_txl import compiled_operators
 from .kernels_txl import one_row_linear
 
 if TYPE_CHECKING:
-    from .modeling_txl import TxlAdaptiveLogSoftmax, TxlDropout, TxlModel, TxlRelativeAttention
+    from .memory_txl import LayerMemory, TxlMemoryLayer
+    from .modeling_txl import TxlAdaptiveLogSoftmax, TxlDropout, TxlLayer, TxlModel, TxlRelativeAttention
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Bare modules, one-row inference, weight identities
@@ -198,19 +199,20 @@ def _weight_fingerprint(weight: torch.Tensor) -> torch.Tensor:
     rows = weight.detach().reshape(weight.shape[0] if weight.dim() else 1, -1)
     if rows.dtype not in (torch.float32, torch.float64):
         rows = rows.float()
-    key = (rows.shape[1], rows.dtype, rows.device)
+    width = int(rows.shape[1])  # (torch.jit.trace gives sizes as tensors)
+    key = (width, rows.dtype, rows.device)
     probe = _PROBES.get(key)
     if probe is None:
-        generator = torch.Generator().manual_seed(rows.shape[1])
-        probe = _PROBES[key] = torch.randn(rows.shape[1], generator=generator, dtype=rows.dtype).to(rows.device)
-    return torch.mv(rows, probe)
+        generator = torch.Generator().manual_seed(width)
+        probe = _PROBES[key] = torch.randn(width, generator=generator, dtype=rows.dtype).to(rows.device)
+    return torch.mul(rows, probe).sum(dim=1)  # (not torch.mv: autocast would run that in half precision)
 
 
 def _inference_caches_apply(projection: nn.Module) -> bool:
     """Whether results of `projection` may be kept across calls, keyed on its weight's storage and version: not for
-    an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export), where
-    tensors have no storage to identify."""
-    return _is_plain_linear(projection) and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    an adapter (LoRA's weights are not that weight) and not while tracing (torch.compile, torch.export, where tensors
+    have no storage to identify; torch.jit.trace, whose graph would hold a kept result as a constant)."""
+    return _is_plain_linear(projection) and not tracing()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -580,7 +582,7 @@ def check_kept_position_table(attention: nn.Module) -> None:
         attention._projected_positions = None
         return
     weight = attention.pos_proj.weight
-    # (A model moved to another device or dtype since: its table is projected again anyway, and a sample there
+    # (A model moved to another device or dtype since: its table is projected again anyway, and a fingerprint there
     # cannot be compared with the kept one.)
     fingerprint = kept.weight_fingerprint
     if (
@@ -629,7 +631,7 @@ def kept_relative_keys(attention: TxlRelativeAttention, positions: torch.Tensor)
 def decode_token(
     model: TxlModel,
     hidden_states: torch.Tensor,
-    memory_layers: list,
+    memory_layers: list[TxlMemoryLayer],
     positions: torch.Tensor,
     mask: torch.Tensor | None,
     untie_r: bool,
@@ -666,9 +668,9 @@ def decode_token(
 
 
 def decode_one_row(
-    layer: nn.Module,
+    layer: TxlLayer,
     hidden_states: torch.Tensor,
-    memory: object,
+    memory: LayerMemory,
     positions: torch.Tensor,
     mask: torch.Tensor | None,
     content_bias: torch.Tensor | None,
@@ -703,7 +705,7 @@ def decode_one_row(
 
 
 def _layer_decode_step(
-    layer: nn.Module, store: object, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
+    layer: TxlLayer, store: TxlMemoryLayer, content_bias: torch.Tensor | None, position_bias: torch.Tensor | None
 ) -> tuple[LayerTensors, tuple[float, float, float], bool] | None:
     """`layer`'s part of the fused decoding step's conditions (`_one_row_decoding` has the step's):
     `_layer_decode_parts`' (the layer's own), and memory keys and values made by the current weights, in float32.
@@ -719,7 +721,7 @@ def _layer_decode_step(
 
 
 def _layer_decode_parts(
-    layer: nn.Module,
+    layer: TxlLayer,
     content_bias: torch.Tensor | None,
     position_bias: torch.Tensor | None,
     sdpa_config: object | None = None,

@@ -45,7 +45,7 @@ from huggingface_hub.errors import (
 from tokenizers import Tokenizer
 from transformers.dynamic_module_utils import get_relative_imports
 
-from .checkpoints import close_local_paths
+from .checkpoints import close_local_paths, did_you_mean
 from .configuration_txl import TransfoXLConfig, TxlConfig
 from .files import fsync_dir, fsync_tree, write_json_atomically, write_text_atomically
 from .model_card import CONVERSION_RECORD, base_model_of, card_for_conversion, card_for_run, percent
@@ -152,9 +152,7 @@ def read_run_folder(run_dir: str | os.PathLike[str]) -> Publication:
     run = RunFolder(run_dir)
     if not run.path.exists():
         close = close_local_paths(str(run.path))
-        raise RunFolderError(
-            f"RUN_DIR {run.path} does not exist" + (f" (did you mean {' or '.join(close)}?)" if close else "")
-        )
+        raise RunFolderError(f"RUN_DIR {run.path} does not exist{did_you_mean(close, ' (', ')')}")
     if not run.exists():
         raise RunFolderError(f"RUN_DIR {run.path} is not a folder")
     if not run.has_config():
@@ -295,9 +293,9 @@ def license_warning(license_id: str) -> str | None:
     if license_id in HUB_LICENSE_IDS:
         return None
     close = difflib.get_close_matches(license_id, sorted(HUB_LICENSE_IDS), n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
     return (
-        f"licence {license_id!r} is not in the Hub's list of licence ids (as this package knows it{hint}): the Hub "
+        f"licence {license_id!r} is not in the Hub's list of licence ids (as this package knows it"
+        f"{did_you_mean(close)}): the Hub "
         "would show the card's licence as one it does not know. A licence of your own: --license other (and its "
         "text in a LICENSE file); the list: https://huggingface.co/docs/hub/repositories-licenses"
     )

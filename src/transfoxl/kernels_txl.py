@@ -40,13 +40,14 @@ from .checks_txl import autocast_on, tracing
 from .cpp_kernels_txl import compiled_operators
 
 
-def _first_derivative(kernel: str, second: Callable | None = None) -> Callable:
+def _first_derivative(kernel: str, *, twice: bool = False) -> Callable:
     """A Function's `backward` made for the first derivative only (as `once_differentiable`), that never lets a second
     one through as zero. Where one may be asked for (backward with `create_graph=True`, which runs in grad mode:
-    gradient penalties, Hessian-vector products), `second(ctx, *grad_outputs)` computes the same gradients with
-    differentiable operators; without it, the first derivative is returned and differentiating it raises an error that
-    names the way that supports a second one. (torch's `once_differentiable` raises only where an incoming gradient
-    requires one: a loss's own does not, and the second derivative through the loss's Function came out as zero.)"""
+    gradient penalties, Hessian-vector products), with `twice` the Function's `_second(ctx, *grad_outputs)` computes
+    the same gradients with differentiable operators; without, the first derivative is returned, and differentiating
+    it raises an error that names the way that supports a second one. (torch's `once_differentiable` raises only
+    where an incoming gradient requires one: a loss's own does not, and the second derivative through the loss's
+    Function came out as zero.)"""
     message = (
         f"a second derivative (backward with create_graph=True, then differentiated) goes through {kernel}, which "
         "computes first derivatives only; the eager attention is differentiable twice: "
@@ -56,8 +57,8 @@ def _first_derivative(kernel: str, second: Callable | None = None) -> Callable:
     def decorate(backward: Callable) -> Callable:
         @functools.wraps(backward)
         def first_or_second(ctx, *grad_outputs):
-            if torch.is_grad_enabled() and second is not None:
-                return second(ctx, *grad_outputs)
+            if torch.is_grad_enabled() and twice:
+                return ctx._forward_cls._second(ctx, *grad_outputs)
             with torch.no_grad():
                 grads = backward(ctx, *grad_outputs)
             if not torch.is_grad_enabled():
@@ -747,7 +748,7 @@ class _Dropout(torch.autograd.Function):
         return grad_output * _factor(keep) * ctx.scale, None
 
     @staticmethod
-    @_first_derivative("dropout", second=lambda ctx, grad_output: _Dropout._second(ctx, grad_output))
+    @_first_derivative("dropout", twice=True)
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
         if (operators := _compiled_dropout(grad_output, keep)) is not None:
@@ -778,7 +779,7 @@ class _ReluDropout(torch.autograd.Function):
         return grad_output * (output > 0) * ctx.scale, None
 
     @staticmethod
-    @_first_derivative("dropout", second=lambda ctx, grad_output: _ReluDropout._second(ctx, grad_output))
+    @_first_derivative("dropout", twice=True)
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         (output,) = ctx.saved_tensors
         if (operators := _compiled_dropout(grad_output, output)) is not None:
@@ -880,9 +881,7 @@ class _ChunkedAdaptiveNLL(torch.autograd.Function):
         return None, None, None, None, *grads
 
     @staticmethod
-    @_first_derivative(
-        "the adaptive softmax's loss", second=lambda ctx, grad_nll: _ChunkedAdaptiveNLL._second(ctx, grad_nll)
-    )
+    @_first_derivative("the adaptive softmax's loss", twice=True)
     def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden_states, targets, *rest = ctx.saved_tensors
         flat, grads = rest[: ctx.num_flat], rest[ctx.num_flat :]

@@ -930,6 +930,13 @@ class TxlAdaptiveLogSoftmax(nn.Module):
 # Models
 
 
+_NO_TRAINING_LOGITS = (
+    "A training step with labels returns the loss without logits (outputs.logits is None): the [B, Q, V] "
+    "log-probabilities cost a step more than the loss. Pass return_logits=True, or set model.config.return_logits = "
+    "True, for code that reads them in training steps (a metric, a distillation loss)."
+)
+
+
 @dataclass
 class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
     """`CausalLMOutputWithPast` plus the per-token losses.
@@ -939,6 +946,18 @@ class TxlCausalLMOutputWithPast(CausalLMOutputWithPast):
     """
 
     losses: torch.Tensor | None = None
+
+
+@dataclass
+class _TrainingStepOutput(TxlCausalLMOutputWithPast):
+    """The output of an eager training step that left its logits out: reading them (None) says why, once. (Not for a
+    traced forward: torch.compile does not build classes that define attribute access.)"""
+
+    def __getattribute__(self, name: str):
+        value = super().__getattribute__(name)
+        if value is None and name == "logits":
+            logger.warning_once(_NO_TRAINING_LOGITS)
+        return value
 
 
 def _offload_refused(name: str, prefix: str) -> ValueError:
@@ -1008,9 +1027,13 @@ class TxlPreTrainedModel(PreTrainedModel):
     # v4 stored the sinusoid's frequencies as a buffer (recomputed here), and its `.bin` files of untie_r=False
     # models hold the shared u and v again under every layer (the same tensors, as the layers referenced them).
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.attention\.(content|position)_bias"]
-    # A language model's head, which the models without it (the base model, the classifier) do not load: their load
-    # report would call its biases and tail weights unexpected (GPT-2's head, tied whole, saves nothing of its own).
-    _language_model_head = [r"(^|\.)adaptive_softmax\.", r"(^|\.)crit\."]
+    # The models without the language model's head (the base model, the classifiers) leave its keys out quietly:
+    # their load report would call its biases and tail weights unexpected (GPT-2's tied head saves nothing of its own).
+    _keys_to_ignore_without_the_head = [
+        *_keys_to_ignore_on_load_unexpected,
+        r"(^|\.)adaptive_softmax\.",
+        r"(^|\.)crit\.",
+    ]
 
     @property
     def embeddings(self) -> TxlModel:
@@ -1172,10 +1195,7 @@ class TxlPreTrainedModel(PreTrainedModel):
 class TxlModel(TxlPreTrainedModel):
     """The Transformer-XL stack: adaptive embedding, `n_layer` relative-attention layers, memory; no output head."""
 
-    _keys_to_ignore_on_load_unexpected = [
-        *TxlPreTrainedModel._keys_to_ignore_on_load_unexpected,
-        *TxlPreTrainedModel._language_model_head,
-    ]
+    _keys_to_ignore_on_load_unexpected = TxlPreTrainedModel._keys_to_ignore_without_the_head
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
@@ -1434,14 +1454,6 @@ class TxlModel(TxlPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-_NO_TRAINING_LOGITS = (
-    "A training step with labels returns the loss without logits (outputs.logits is None): the [B, Q, V] "
-    "log-probabilities cost a step more than the loss. Pass return_logits=True, or set model.config.return_logits = "
-    "True, for code that reads them in training steps (a metric, a distillation loss); return_logits=False silences "
-    "this."
-)
-
-
 class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
     """Transformer-XL with its adaptive softmax language-model head."""
 
@@ -1581,8 +1593,6 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
             training_step = self.training and torch.is_grad_enabled() and hidden_states.requires_grad
             # (A tuple keeps them: without, every later entry would move to the place a causal LM's logits take.)
             return_logits = targets is None or not training_step or not return_dict
-            if not return_logits:  # (said once: `outputs.logits` is None, where GPT-2's training steps have them)
-                logger.warning_once(_NO_TRAINING_LOGITS)
         logits = None
         if return_logits:
             if isinstance(logits_to_keep, torch.Tensor):
@@ -1595,7 +1605,8 @@ class TxlForCausalLM(TxlPreTrainedModel, GenerationMixin):
                 batch, kept.shape[1], self.adaptive_softmax.bounds[-1]
             )
 
-        output = TxlCausalLMOutputWithPast(
+        left_out = logits is None and not torch.compiler.is_compiling()
+        output = (_TrainingStepOutput if left_out else TxlCausalLMOutputWithPast)(
             loss=loss,
             logits=logits,
             **{_CACHE_KWARG: _memory_of(outputs)},
@@ -1790,10 +1801,7 @@ class TxlForSequenceClassification(TxlPreTrainedModel):
     # The loss is a mean over the batch, as in transformers' classification heads: Trainer must scale it for gradient
     # accumulation itself rather than pass a count of items.
     accepts_loss_kwargs = False
-    _keys_to_ignore_on_load_unexpected = [
-        *TxlPreTrainedModel._keys_to_ignore_on_load_unexpected,
-        *TxlPreTrainedModel._language_model_head,
-    ]
+    _keys_to_ignore_on_load_unexpected = TxlPreTrainedModel._keys_to_ignore_without_the_head
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)
@@ -1910,10 +1918,7 @@ class TxlForTokenClassification(TxlPreTrainedModel):
     text goes in segments, the memory passed from one call to the next as for the language model.
     """
 
-    _keys_to_ignore_on_load_unexpected = [
-        *TxlPreTrainedModel._keys_to_ignore_on_load_unexpected,
-        *TxlPreTrainedModel._language_model_head,
-    ]
+    _keys_to_ignore_on_load_unexpected = TxlPreTrainedModel._keys_to_ignore_without_the_head
 
     def __init__(self, config: TxlConfig) -> None:
         super().__init__(config)

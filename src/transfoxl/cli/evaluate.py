@@ -58,7 +58,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .. import TxlConfig, TxlForCausalLM
-from ..checkpoints import close_local_paths, local_path_problem
+from ..checkpoints import close_local_paths, did_you_mean, local_path_problem
 from ..data import (
     UNKNOWN_SHARE_WARNING,
     StreamBatcher,
@@ -255,8 +255,7 @@ def resolve_device(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 def check_model_dir(parser: argparse.ArgumentParser, run: RunFolder) -> None:
     if not run.exists():
         close = close_local_paths(str(run.path)) if not run.path.exists() else []
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        parser.error(f"MODEL_DIR {run.path} is not a folder{hint}")
+        parser.error(f"MODEL_DIR {run.path} is not a folder{did_you_mean(close, ' (', ')')}")
     if not run.has_config():
         parser.error(
             f"MODEL_DIR {run.path} has no config.json: not a saved model (a scripts/train.py run folder or the "
