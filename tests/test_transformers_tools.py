@@ -15,6 +15,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from tests.utils import tiny_config, tiny_lm
 from transfoxl import (
+    TransfoXLConfig,
     TxlForCausalLM,
     TxlForSequenceClassification,
     TxlForTokenClassification,
@@ -325,6 +326,17 @@ def test_trainer_label_smoothing_shifts_the_labels_as_for_any_causal_lm(tmp_path
     smoother = LabelSmoother(epsilon=0.1)
     torch.testing.assert_close(loss, smoother(output, ids, shift_labels=True))
     assert not torch.allclose(loss, smoother(output, ids))
+
+
+def test_both_model_types_are_in_transformers_table_of_causal_lms():
+    """Tools tell a causal LM by its config's model type in transformers' table of them (lm-evaluation-harness warns,
+    and guesses, for one missing): a legacy folder's "transfo-xl" is there beside "txl", for the class loading it."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    for config in (tiny_config(), TransfoXLConfig(**tiny_config().to_diff_dict())):
+        model = AutoModelForCausalLM.from_config(config)
+        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type] == type(model).__name__ == "TxlForCausalLM"
 
 
 def test_training_returns_no_logits_unless_asked(lm):

@@ -2011,8 +2011,10 @@ register_checkpoint_conversion_mapping(
 
 # Trainer tells a causal LM by its class name in transformers' own table of them (for label smoothing, whose labels it
 # then shifts), which registering with the Auto classes does not fill: without it, label smoothing compares each
-# position with its own token and trains a copy of the input. Here, so that remote code (no `import transfoxl`) has it.
-transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault("txl", "TxlForCausalLM")
+# position with its own token and trains a copy of the input. lm-evaluation-harness reads the same table by model type
+# (a legacy folder's is "transfo-xl"). Here, so that remote code (no `import transfoxl`) has it.
+for _model_type in (TxlConfig.model_type, TransfoXLConfig.model_type):
+    transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(_model_type, "TxlForCausalLM")
 
 __all__ = [
     "TxlAdaptiveEmbedding",
