@@ -59,6 +59,7 @@ def test_saved_model_loads_with_remote_code_in_a_fresh_process(tmp_path):
     assert auto_map["AutoModel"] == "modeling_txl.TxlModel"
     assert auto_map["AutoModelForSequenceClassification"] == "modeling_txl.TxlForSequenceClassification"
     assert auto_map["AutoModelForTokenClassification"] == "modeling_txl.TxlForTokenClassification"
+    assert auto_map["AutoModelForQuestionAnswering"] == "modeling_txl.TxlForQuestionAnswering"
 
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     assert_remote_code_reproduces(model, folder, ids, tmp_path)

@@ -17,6 +17,7 @@ from tests.utils import tiny_config, tiny_lm
 from transfoxl import (
     TransfoXLConfig,
     TxlForCausalLM,
+    TxlForQuestionAnswering,
     TxlForSequenceClassification,
     TxlForTokenClassification,
     TxlMemory,
@@ -407,13 +408,19 @@ def test_models_without_the_language_model_head_load_its_folder_without_unexpect
     from transformers import (
         AutoModel,
         AutoModelForCausalLM,
+        AutoModelForQuestionAnswering,
         AutoModelForSequenceClassification,
         AutoModelForTokenClassification,
     )
 
     model = tiny_lm()
     model.save_pretrained(tmp_path)
-    for auto in (AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification):
+    for auto in (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoModelForQuestionAnswering,
+    ):
         _, info = auto.from_pretrained(tmp_path, output_loading_info=True)
         assert not info["unexpected_keys"], auto.__name__
     loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
@@ -483,6 +490,35 @@ def test_the_token_classifier_refuses_labels_that_do_not_fit_and_trains_under_tr
     result = Trainer(model=model, args=args, train_dataset=dataset).train()
     assert math.isfinite(result.training_loss)
     assert not torch.equal(model.classifier.weight, before)
+
+
+def test_the_span_head_loads_a_language_models_body_and_scores_start_and_end(tmp_path):
+    """AutoModelForQuestionAnswering, as for GPT-2: the body from a language model's folder (only `qa_outputs`
+    missing), a start and an end logit per token, transformers' span loss (the mean of the two cross-entropies, an
+    index past the input ignored), and clear errors for a span given by half or by floats."""
+    from transformers import AutoModelForQuestionAnswering
+
+    torch.manual_seed(0)
+    TxlForCausalLM(tiny_config()).save_pretrained(tmp_path / "lm")
+    reader, info = AutoModelForQuestionAnswering.from_pretrained(tmp_path / "lm", output_loading_info=True)
+    assert type(reader) is TxlForQuestionAnswering
+    assert info["missing_keys"] == {"qa_outputs.weight", "qa_outputs.bias"} and not info["unexpected_keys"]
+    ids = random_ids(3, 7, seed=6)
+    starts, ends = torch.tensor([1, 4, 9]), torch.tensor([2, 6, 9])  # (the third row's span lies past the input)
+    output = reader.eval()(ids, start_positions=starts, end_positions=ends)
+    assert output.start_logits.shape == output.end_logits.shape == (3, 7)
+    cross_entropy = torch.nn.functional.cross_entropy
+    expected = (
+        cross_entropy(output.start_logits, starts.clamp(0, 7), ignore_index=7)
+        + cross_entropy(output.end_logits, ends.clamp(0, 7), ignore_index=7)
+    ) / 2
+    torch.testing.assert_close(output.loss, expected)
+    with pytest.raises(ValueError, match="start_positions was given without end_positions"):
+        reader(ids, start_positions=starts)
+    with pytest.raises(TypeError, match=r"end_positions must be a tensor of integer token indices \[batch\]"):
+        reader(ids, start_positions=starts, end_positions=ends.float())
+    with pytest.raises(ValueError, match=r"one token index per sequence, \[3\], got \(2,\)"):
+        reader(ids, start_positions=starts[:2], end_positions=ends[:2])
 
 
 def test_the_classifier_takes_running_position_ids_and_refuses_packed_rows():
@@ -1001,7 +1037,8 @@ def test_device_map_may_offload_the_layers_but_not_the_adaptive_embedding_or_sof
 
 
 @pytest.mark.parametrize(
-    "model_class", [TxlModel, TxlForCausalLM, TxlForSequenceClassification, TxlForTokenClassification]
+    "model_class",
+    [TxlModel, TxlForCausalLM, TxlForSequenceClassification, TxlForTokenClassification, TxlForQuestionAnswering],
 )
 def test_each_class_names_only_modules_it_has_as_not_to_be_split(model_class):
     """`_no_split_modules` is what FSDP's auto-wrap (through accelerate) and device maps read: every name must be a
@@ -1299,7 +1336,8 @@ def test_resize_token_embeddings_grows_the_last_cluster(overrides, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "model_class", [TxlForCausalLM, TxlModel, TxlForSequenceClassification, TxlForTokenClassification]
+    "model_class",
+    [TxlForCausalLM, TxlModel, TxlForSequenceClassification, TxlForTokenClassification, TxlForQuestionAnswering],
 )
 def test_an_input_embedding_the_config_cannot_describe_runs_but_does_not_save(model_class, tmp_path):
     """transformers' set_input_embeddings takes any module, and the model runs with it; but from_pretrained would

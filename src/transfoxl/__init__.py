@@ -12,6 +12,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -22,6 +23,7 @@ from .modeling_txl import (
     TxlAdaptiveLogSoftmax,
     TxlCausalLMOutputWithPast,
     TxlForCausalLM,
+    TxlForQuestionAnswering,
     TxlForSequenceClassification,
     TxlForTokenClassification,
     TxlMemory,
@@ -38,6 +40,7 @@ _AUTO_CLASSES = {
     AutoModelForCausalLM: TxlForCausalLM,
     AutoModelForSequenceClassification: TxlForSequenceClassification,
     AutoModelForTokenClassification: TxlForTokenClassification,
+    AutoModelForQuestionAnswering: TxlForQuestionAnswering,
 }
 for _config_class in (TxlConfig, TransfoXLConfig):
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
@@ -56,6 +59,7 @@ TxlModel.register_for_auto_class("AutoModel")
 TxlForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 TxlForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 TxlForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
+TxlForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
 
 __all__ = [
     "TransfoXLConfig",
@@ -65,6 +69,7 @@ __all__ = [
     "TxlCausalLMOutputWithPast",
     "TxlConfig",
     "TxlForCausalLM",
+    "TxlForQuestionAnswering",
     "TxlForSequenceClassification",
     "TxlForTokenClassification",
     "TxlMemory",

@@ -86,6 +86,7 @@ WEIGHT_NAMES = (
 FRESH_HEADS: dict[str, tuple[str, ...]] = {
     "TxlForSequenceClassification": ("score",),
     "TxlForTokenClassification": ("classifier",),
+    "TxlForQuestionAnswering": ("qa_outputs",),
 }
 # safetensors refuses larger headers (its own limit), so a larger length prefix is corruption, not a big model.
 _MAX_SAFETENSORS_HEADER = 100_000_000

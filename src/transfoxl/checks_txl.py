@@ -330,6 +330,22 @@ def check_token_labels(labels: Any, shape: tuple[int, int], num_labels: int) -> 
             )
 
 
+def check_span_positions(start_positions: Any, end_positions: Any, batch: int) -> None:
+    """An answer span's start and end, one token index each per sequence `[B]` (or `[B, 1]`): given together, as
+    integers (an index past the sequence is ignored, as in transformers' question-answering heads)."""
+    if (start_positions is None) != (end_positions is None):
+        given, missing = ("start", "end") if end_positions is None else ("end", "start")
+        raise ValueError(f"{given}_positions was given without {missing}_positions: an answer span needs both.")
+    for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+        if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
+            kind = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise TypeError(f"{name} must be a tensor of integer token indices [batch], got {kind}.")
+        if positions.numel() != batch or positions.dim() > 2:
+            raise ValueError(
+                f"{name} must hold one token index per sequence, [{batch}], got {tuple(positions.shape)}."
+            )
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # generate()
 

@@ -48,7 +48,7 @@ BOOLEAN_FIELDS = ("pre_lnorm", "same_length", "untie_r", "use_cache", "tie_word_
 class TxlConfig(PreTrainedConfig):
     r"""
     Configuration of a Transformer-XL model ([`TxlModel`], [`TxlForCausalLM`], [`TxlForSequenceClassification`],
-    [`TxlForTokenClassification`]).
+    [`TxlForTokenClassification`], [`TxlForQuestionAnswering`]).
 
     Args:
         vocab_size (`int`, *optional*, defaults to 267735):

@@ -456,7 +456,13 @@ def check_weights(publication: Publication) -> None:
     from . import modeling_txl  # (here: the rest of publishing needs no model code)
     from .checkpoints import CheckpointError
 
-    classes = ("TxlForCausalLM", "TxlForSequenceClassification", "TxlForTokenClassification", "TxlModel")
+    classes = (
+        "TxlForCausalLM",
+        "TxlForSequenceClassification",
+        "TxlForTokenClassification",
+        "TxlForQuestionAnswering",
+        "TxlModel",
+    )
     named = [name for name in publication.config.get("architectures") or () if name in classes]
     model_class = getattr(modeling_txl, named[0] if named else "TxlForCausalLM")
     bars = transformers.utils.logging.is_progress_bar_enabled()

@@ -53,6 +53,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutputWithPast,
 )
 from transformers.utils import logging
@@ -73,6 +74,7 @@ from .checks_txl import (
     check_position_ids,
     check_positions,
     check_prompt,
+    check_span_positions,
     check_stop_strings_tokenizer,
     check_targets,
     check_token_labels,
@@ -1111,6 +1113,7 @@ class TxlPreTrainedModel(PreTrainedModel):
             "AutoModelForCausalLM": "modeling_txl.TxlForCausalLM",
             "AutoModelForSequenceClassification": "modeling_txl.TxlForSequenceClassification",
             "AutoModelForTokenClassification": "modeling_txl.TxlForTokenClassification",
+            "AutoModelForQuestionAnswering": "modeling_txl.TxlForQuestionAnswering",
         }
         self.config.auto_map = {**auto_map, **(getattr(self.config, "auto_map", None) or {})}
         return super().save_pretrained(save_directory, *args, **kwargs)
@@ -1980,6 +1983,70 @@ class TxlForTokenClassification(TxlPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class TxlForQuestionAnswering(TxlPreTrainedModel):
+    """Transformer-XL with a span head (extractive question answering), as GPT-2's: a start and an end logit per
+    token. The model is causal: a token's logits see the question and context before it, not after."""
+
+    _keys_to_ignore_on_load_unexpected = TxlPreTrainedModel._keys_to_ignore_without_the_head
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__(config)
+        self.transformer = TxlModel(config)
+        self.qa_outputs = nn.Linear(config.d_model, 2)
+        self.post_init()
+
+    @_memory_kept_on_error
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values: TxlMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""
+        Args:
+            start_positions, end_positions (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
+                The answer span's first and last token (an index past the input is ignored); the loss is the mean
+                of the two cross-entropies over the tokens.
+        """
+        kwargs.pop("num_items_in_batch", None)  # (a mean over the batch, as transformers' span heads)
+        reject_unknown_arguments(kwargs, input_ids, inputs_embeds)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids=input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)  # [B, Q, 2]
+        start_logits, end_logits = (half.squeeze(-1).contiguous() for half in logits.split(1, dim=-1))  # [B, Q]
+        loss = None
+        if start_positions is not None or end_positions is not None:
+            check_span_positions(start_positions, end_positions, start_logits.shape[0])
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # transformers-v4 checkpoints: parameter names of `TransfoXL*` (and of the original code), renamed on load.
 # Saving always writes the txl layout (`TxlPreTrainedModel.save_pretrained`).
@@ -2021,6 +2088,7 @@ __all__ = [
     "TxlAdaptiveLogSoftmax",
     "TxlCausalLMOutputWithPast",
     "TxlForCausalLM",
+    "TxlForQuestionAnswering",
     "TxlForSequenceClassification",
     "TxlForTokenClassification",
     "TxlMemory",
