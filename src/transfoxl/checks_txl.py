@@ -293,6 +293,17 @@ def check_num_items(num_items_in_batch: Any) -> None:
         )
 
 
+def _check_classes(labels: torch.Tensor, num_labels: int) -> None:
+    """Class ids in [0, num_labels) or -100 (ignored); checked where that costs no device synchronisation."""
+    if labels.device.type == "cpu" and not torch.compiler.is_compiling():
+        invalid = (labels != -100) & ((labels < 0) | (labels >= num_labels))
+        if bool(invalid.any()):
+            raise ValueError(
+                f"labels contains class {int(labels[invalid][0])}, outside [0, num_labels={num_labels}) "
+                "(-100: ignored)."
+            )
+
+
 def check_class_labels(labels: Any, batch: int, num_labels: int, *, single_label: bool) -> None:
     """Class ids must be one per sequence and in range: torch's cross-entropy would raise an IndexError (or assert on
     an accelerator) without naming num_labels. Regression and multi-label targets are left to transformers' loss."""
@@ -302,13 +313,7 @@ def check_class_labels(labels: Any, batch: int, num_labels: int, *, single_label
         return
     if labels.numel() != batch:
         raise ValueError(f"labels must hold one class id per sequence, [{batch}], got shape {tuple(labels.shape)}.")
-    if labels.device.type == "cpu" and not torch.compiler.is_compiling():
-        invalid = (labels != -100) & ((labels < 0) | (labels >= num_labels))
-        if bool(invalid.any()):
-            raise ValueError(
-                f"labels contains class {int(labels[invalid][0])}, outside [0, num_labels={num_labels}) "
-                "(-100: ignored)."
-            )
+    _check_classes(labels, num_labels)
 
 
 def check_token_labels(labels: Any, shape: tuple[int, int], num_labels: int) -> None:
@@ -321,13 +326,7 @@ def check_token_labels(labels: Any, shape: tuple[int, int], num_labels: int) -> 
         raise TypeError(f"labels must be integer class ids [batch, seq_len] (-100: ignored), got {labels.dtype}.")
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"labels must hold one class id per token, {list(shape)}, got shape {tuple(labels.shape)}.")
-    if labels.device.type == "cpu" and not torch.compiler.is_compiling():
-        invalid = (labels != -100) & ((labels < 0) | (labels >= num_labels))
-        if bool(invalid.any()):
-            raise ValueError(
-                f"labels contains class {int(labels[invalid][0])}, outside [0, num_labels={num_labels}) "
-                "(-100: ignored)."
-            )
+    _check_classes(labels, num_labels)
 
 
 def check_span_positions(start_positions: Any, end_positions: Any, batch: int) -> None:
