@@ -178,7 +178,8 @@ def test_the_batch_size_defaults_to_the_columns_the_run_evaluated_with(
         if metrics is not None:
             (model_dir / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
         assert evaluate.main(argv) == 0
-        report = json.loads((model_dir / "eval" / "eval-test.json").read_text(encoding="utf-8"))
+        # (text given on the command line: a report named after it, beside the run's own eval-test)
+        report = json.loads((model_dir / "eval" / "eval-test-test.json").read_text(encoding="utf-8"))
         assert report["settings"]["batch_size"] == columns
         stream, expected = reference(
             model_dir, run.texts["test"], tgt_len=TGT_LEN, mem_len=MEM_LEN, batch_size=columns

@@ -691,17 +691,20 @@ def test_a_run_folder_that_cannot_be_published_is_refused(run_dir, tmp_path, cap
 
 
 @pytest.mark.parametrize(
-    ("how", "why"),
+    ("how", "why", "stem"),
     [
-        ("tokenizer", "made with another tokenizer (other-tokenizer, "),
-        ("text", "on other text than the run's (validation.txt as its test text)"),
-        ("edited", "on other text than the run's (its test split has "),
+        ("tokenizer", "made with another tokenizer (other-tokenizer, ", "eval-test-tokenizer-other-tokenizer"),
+        ("text", "on other text than the run's (validation.txt as its test text)", "eval-test-validation"),
+        ("edited", "on other text than the run's (its test split has ", "eval-test"),
     ],
 )
-def test_a_report_of_another_tokenizer_or_text_is_refused_or_marked(run_dir, text_files, tmp_path, capsys, how, why):
+def test_a_report_of_another_tokenizer_or_text_is_refused_or_marked(
+    run_dir, text_files, tmp_path, capsys, how, why, stem
+):
     """publish.py published whatever eval/ held: a report made with another tokenizer, or on other text, read as the
     run's own results. It is refused, naming the report and why; --include-mismatched-eval publishes it marked as
-    such on the card. The fixture's own report (the run's tokenizer and text) goes through (the other tests)."""
+    such on the card. The fixture's own report (the run's tokenizer and text) goes through (the other tests).
+    evaluate.py names such a report after what differs, so that the run's own report (eval-test) stays as it was."""
     copy = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "hub-*")))
     options = ["--split", "test", "--mem-len", "0", "--max-tokens", "300", "--no-progress"]
     if how == "tokenizer":
@@ -711,7 +714,10 @@ def test_a_report_of_another_tokenizer_or_text_is_refused_or_marked(run_dir, tex
         options += ["--tokenizer", str(tmp_path / "other-tokenizer")]
     elif how == "text":
         options += ["--test-file", str(text_files["validation"])]
+    own = (copy / "eval" / "eval-test.json").read_bytes()
     assert evaluate.main([str(copy), *options]) == 0
+    if how != "edited":
+        assert (copy / "eval" / "eval-test.json").read_bytes() == own
     if how == "edited":  # the run's own test file, changed since the run counted its tokens
         report = json.loads((copy / "eval" / "eval-test.json").read_text())
         report["data"]["split_tokens"] += 1
@@ -722,13 +728,13 @@ def test_a_report_of_another_tokenizer_or_text_is_refused_or_marked(run_dir, tex
         publish.main(argv)
     assert raised.value.code == 2
     error = capsys.readouterr().err
-    assert "eval/eval-test.json: " in error and why in error and "--include-mismatched-eval" in error
+    assert f"eval/{stem}.json: " in error and why in error and "--include-mismatched-eval" in error
     assert not (tmp_path / "dry").exists()
 
     assert publish.main([*argv, "--include-mismatched-eval"]) == 0
-    assert "WARNING: eval/eval-test.json is published marked on the card" in capsys.readouterr().out
+    assert f"WARNING: eval/{stem}.json is published marked on the card" in capsys.readouterr().out
     card = (tmp_path / "dry" / "README.md").read_text(encoding="utf-8")
-    assert "- [eval/eval-test.md](eval/eval-test.md) (not comparable with this model's own results: " in card
+    assert f"- [eval/{stem}.md](eval/{stem}.md) (not comparable with this model's own results: " in card
     assert why in card and str(tmp_path) not in card
 
 

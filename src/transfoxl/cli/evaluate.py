@@ -13,6 +13,10 @@ the terminal and to the output folder (default `MODEL_DIR/eval`):
 - `eval-<split>.md`: the table as Markdown;
 - `eval-<split>.png`: bits per token (bpc) against the memory length.
 
+In the run's own `eval/` folder, a report of text given on the command line, or of a tokenizer whose ids are not the
+model's, is named after what differs (`eval-test-mytext.json`, `eval-test-tokenizer-<folder>.json`): the run's own
+`eval-<split>` report stays, and publish.py refuses the other unless told (`--include-mismatched-eval`).
+
 From the repository root:
 
     python scripts/evaluate.py runs/<run>                              # the test split, the training memory length
@@ -50,6 +54,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -480,7 +485,10 @@ def run_evaluation(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         "num_tokens": stream.numel(),
         "unknown_share": share,
     }
-    write_reports(args, run, tokenizer, unit, data, settings, device, rows, source.describe(), mismatch)
+    stem = report_stem(args, run, source, mismatch)
+    if stem != f"eval-{args.split}":
+        print(f"another text or tokenizer than the run's: reported as {stem}, beside the run's own eval-{args.split}")
+    write_reports(args, run, tokenizer, unit, data, settings, device, rows, source.describe(), mismatch, stem)
     return 0
 
 
@@ -541,9 +549,11 @@ def write_reports(
     rows: list[dict[str, Any]],
     source: str,
     mismatch: str | None = None,
+    stem: str | None = None,
 ) -> None:
-    """eval-<split>.json, .md and .png in `--output` (default MODEL_DIR/eval); `source`: the text, described;
-    `mismatch`: how the tokenizer may not be the model's (`tokenizer_mismatch`)."""
+    """<stem>.json, .md and .png in `--output` (default MODEL_DIR/eval; `stem`: `report_stem`'s, by default
+    eval-<split>); `source`: the text, described; `mismatch`: how the tokenizer may not be the model's
+    (`tokenizer_mismatch`)."""
     output = args.output if args.output is not None else run.eval_dir
     output.mkdir(parents=True, exist_ok=True)
     character_level = unit == "bpc"
@@ -573,7 +583,7 @@ def write_reports(
         "rows": rows,
         "versions": {name: _version(name) for name in ("transfoxl", "torch", "transformers")},
     }
-    stem = f"eval-{args.split}"
+    stem = stem or f"eval-{args.split}"
     replaced = _earlier_report(output / f"{stem}.json")
     write_json_atomically(output / f"{stem}.json", report)
     unit_note = "bpc = bits per character" if character_level else "bits/token = loss / ln 2"
@@ -593,6 +603,27 @@ def write_reports(
     title = f"{model_dir.name}: {args.split} split, {num_tokens:,} tokens, segments of {settings.tgt_len}"
     write_bytes_atomically(output / f"{stem}.png", memory_lengths_plot(rows, unit, title))
     print(f"\nwrote {stem}.json, {stem}.md and {stem}.png to {output}{replaced}")
+
+
+def report_stem(args: argparse.Namespace, run: RunFolder, source: DataSource, mismatch: str | None) -> str:
+    """The reports' name: eval-<split> for the run's own evaluation (its text, its tokenizer) or in an `--output`
+    folder of the caller's; in the run's eval/ folder, eval-<split>-<what> for other text (a file's or dataset's name)
+    or another tokenizer, so that the run's own report stays (publish.py publishes eval/ beside the run's results,
+    and refuses such a report unless told)."""
+    stem = f"eval-{args.split}"
+    if args.output is not None:
+        return stem
+    if source.origin not in (str(run.train_args_path), "default"):  # text given on the command line
+        files = (source.text_files or {}).get(args.split) or []
+        if files:
+            what = Path(files[0]).stem
+        else:  # (a dataset)
+            what = "-".join(filter(None, (str(source.dataset_name).split("/")[-1], source.dataset_config)))
+    elif mismatch is not None:
+        what = f"tokenizer-{Path(str(args.tokenizer)).name}"
+    else:
+        return stem
+    return f"{stem}-{re.sub(r'[^A-Za-z0-9._-]+', '-', what).strip('-.')[:60] or 'other'}"
 
 
 def _earlier_report(path: Path) -> str:
