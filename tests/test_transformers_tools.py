@@ -521,6 +521,26 @@ def test_the_span_head_loads_a_language_models_body_and_scores_start_and_end(tmp
         reader(ids, start_positions=starts[:2], end_positions=ends[:2])
 
 
+def test_trainer_scales_the_token_heads_loss_over_gradient_accumulation(tmp_path, one_thread):
+    """Trainer passes a model that takes it the count of labelled tokens over the accumulation group, and then does
+    not divide the loss by the accumulation steps itself: the token head's loss is their sum divided by that count
+    (a mean per micro-batch would be twice too large with two steps). With learning rate 0, one step's logged loss is
+    the mean over its four rows."""
+    torch.manual_seed(0)
+    rows = random_ids(4, 6, seed=8)
+    model = TxlForTokenClassification(tiny_config(num_labels=3))
+    records = [{"input_ids": row, "labels": [token % 3 for token in row]} for row in rows.tolist()]
+    args = trainer_arguments(
+        tmp_path, max_steps=1, learning_rate=0.0, per_device_train_batch_size=2, gradient_accumulation_steps=2
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(records))
+    assert trainer.model_accepts_loss_kwargs
+    result = trainer.train()
+    with torch.no_grad():
+        expected = model.train()(rows, labels=rows % 3).loss
+    assert result.training_loss == pytest.approx(float(expected), rel=1e-5)
+
+
 def test_the_classifier_takes_running_position_ids_and_refuses_packed_rows():
     torch.manual_seed(0)
     model = TxlForSequenceClassification(tiny_config(num_labels=3, pad_token_id=0)).eval()
