@@ -1902,3 +1902,27 @@ def test_a_compiled_forward_is_not_compiled_again_for_a_second_identical_call(on
         compilations = counter.frame_count
         model(ids)
     assert counter.frame_count == compilations
+
+
+def test_a_jit_traced_model_projects_the_position_table_from_its_weights():
+    """torch.jit.trace records what a forward computes; a position table kept from an earlier eager call would be
+    recorded as a constant, and the traced program would go on using it after the weights change (fine-tuning the
+    traced module, a loaded state dict). Nothing kept is used while tracing: the traced program follows its weights."""
+    model = tiny_lm(mem_len=8).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(ids, use_cache=False).logits
+
+    ids = covering_ids(97, batch=2, length=12)
+    with torch.no_grad():
+        model(ids, use_cache=False)  # keeps each layer's projected position table
+        assert all(layer.attention._projected_positions is not None for layer in model.transformer.layers)
+        traced = torch.jit.trace(Logits(), ids, check_trace=False)
+        for layer in model.transformer.layers:
+            layer.attention.pos_proj.weight.mul_(2.0)
+        torch.testing.assert_close(traced(ids), model(ids, use_cache=False).logits, rtol=1e-5, atol=1e-5)
