@@ -16,7 +16,7 @@ import torch
 
 from tests.test_fast_paths import _attention_inputs, _mask
 from tests.test_modeling_txl import covering_ids
-from tests.utils import run_fresh_python, tiny_lm
+from tests.utils import LogitsOnly, run_fresh_python, tiny_lm
 from transfoxl import cpp_kernels_txl, kernels_txl
 from transfoxl.kernels_txl import (
     compiled_attention_applies,
@@ -467,17 +467,9 @@ def test_a_traced_model_holds_no_compiled_operator(kernel):
     here must load where the kernel was never built."""
     model = tiny_lm(mem_len=8, attn_implementation="sdpa")
 
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(ids, use_cache=False).logits
-
     ids = covering_ids(97, batch=2, length=12)
     with torch.no_grad():
-        traced = torch.jit.trace(Logits(), ids, check_trace=False)
+        traced = torch.jit.trace(LogitsOnly(model), ids, check_trace=False)
         expected = model(ids, use_cache=False).logits
     assert not [node.kind() for node in traced.inlined_graph.nodes() if "transfoxl" in node.kind()]
     with torch.no_grad():

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torch.nn.utils.prune
 
 from tests.test_modeling_txl import VARIANTS, covering_ids
-from tests.utils import tiny_config, tiny_lm
+from tests.utils import LogitsOnly, tiny_config, tiny_lm
 from tools.configs import model_config
 from transfoxl import TxlConfig, TxlForCausalLM, TxlMemory, fast_paths_txl, kernels_txl
 from transfoxl.cpp_kernels_txl import compiled_operators
@@ -1910,19 +1910,11 @@ def test_a_jit_traced_model_projects_the_position_table_from_its_weights():
     traced module, a loaded state dict). Nothing kept is used while tracing: the traced program follows its weights."""
     model = tiny_lm(mem_len=8).eval()
 
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(ids, use_cache=False).logits
-
     ids = covering_ids(97, batch=2, length=12)
     with torch.no_grad():
         model(ids, use_cache=False)  # keeps each layer's projected position table
         assert all(layer.attention._projected_positions is not None for layer in model.transformer.layers)
-        traced = torch.jit.trace(Logits(), ids, check_trace=False)
+        traced = torch.jit.trace(LogitsOnly(model), ids, check_trace=False)
         for layer in model.transformer.layers:
             layer.attention.pos_proj.weight.mul_(2.0)
         torch.testing.assert_close(traced(ids), model(ids, use_cache=False).logits, rtol=1e-5, atol=1e-5)

@@ -47,6 +47,17 @@ def tiny_lm(seed: int = 0, **overrides) -> TxlForCausalLM:
     return model.eval()
 
 
+class LogitsOnly(torch.nn.Module):
+    """`model`'s logits for `ids` alone, without a memory: a module torch.jit.trace takes (one tensor in and out)."""
+
+    def __init__(self, model: TxlForCausalLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, use_cache=False).logits
+
+
 def reset_accelerate() -> None:
     """Forget accelerate's process-wide singletons, so the next Accelerator is built as in a new process."""
     from accelerate.state import AcceleratorState, GradientState
